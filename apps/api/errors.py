@@ -1,0 +1,63 @@
+"""One error shape for the whole API: {"error": {"code", "message", "field"}}."""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import JsonResponse
+from rest_framework import exceptions, status
+
+logger = logging.getLogger(__name__)
+
+
+class GantryError(exceptions.APIException):
+    """A domain error with a stable code, raised by services and shaped by the handler."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    code = "bad_request"
+
+    def __init__(self, message: str, *, code: str | None = None, field: str | None = None,
+                 status_code: int | None = None, retry_after: int | None = None):  # fmt: skip
+        super().__init__(detail=message)
+        self.message = message
+        if code:
+            self.code = code
+        if status_code:
+            self.status_code = status_code
+        self.field = field
+        self.retry_after = retry_after
+
+
+class InsufficientCredits(GantryError):
+    status_code = status.HTTP_402_PAYMENT_REQUIRED
+    code = "insufficient_credits"
+
+
+class BudgetExceeded(GantryError):
+    status_code = status.HTTP_403_FORBIDDEN
+    code = "budget_exceeded"
+
+
+class Conflict(GantryError):
+    status_code = status.HTTP_409_CONFLICT
+    code = "conflict"
+
+
+class RateLimited(GantryError):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    code = "rate_limited"
+
+
+def problem(code: str, message: str, *, status_code: int, field: str | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "field": field}}
+
+
+def json_not_found(request, exception=None):
+    return JsonResponse(problem("not_found", "No such endpoint.", status_code=404), status=404)
+
+
+def json_server_error(request):
+    logger.error("unhandled error", extra={"path": request.path})
+    return JsonResponse(
+        problem("internal", "Internal error; it has been logged.", status_code=500), status=500
+    )

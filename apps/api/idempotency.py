@@ -1,0 +1,78 @@
+"""Idempotency-Key handling for mutating endpoints.
+
+The same key and body replay the first answer; the same key with a different body is a
+409. Concurrent requests with one key are serialised by a transaction-scoped advisory
+lock on (scope, key), so exactly one of them executes the view.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+
+from django.db import connection, transaction
+from rest_framework.response import Response
+
+from apps.api.errors import Conflict, GantryError
+
+HEADER = "HTTP_IDEMPOTENCY_KEY"
+MAX_KEY_LENGTH = 255
+
+
+def caller_scope(request) -> str:
+    principal = request.user
+    return "operator" if principal.is_operator else str(principal.org_id)
+
+
+def body_digest(request) -> str:
+    canonical = json.dumps(request.data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{request.method} {request.path}\n{canonical}".encode()).hexdigest()
+
+
+def idempotent(*, required: bool = False):
+    """Decorate a DRF view method so that it runs at most once per Idempotency-Key."""
+
+    def decorate(view_method):
+        @functools.wraps(view_method)
+        def wrapper(self, request, *args, **kwargs):
+            from apps.accounts.models import IdempotentRequest
+
+            key = request.META.get(HEADER, "").strip()
+            if not key:
+                if required:
+                    raise GantryError("The Idempotency-Key header is required.",
+                                      code="invalid", field="Idempotency-Key")  # fmt: skip
+                return view_method(self, request, *args, **kwargs)
+            if len(key) > MAX_KEY_LENGTH:
+                raise GantryError(f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters.",
+                                  code="invalid", field="Idempotency-Key")  # fmt: skip
+            scope = caller_scope(request)
+            digest = body_digest(request)
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"{scope}|{key}"]
+                    )
+                previous = IdempotentRequest.objects.filter(scope=scope, key=key).first()
+                if previous is not None:
+                    if previous.body_digest != digest:
+                        raise Conflict(
+                            "This Idempotency-Key was used with a different request body.",
+                            code="idempotency_mismatch", field="Idempotency-Key",
+                        )  # fmt: skip
+                    replay = Response(previous.response_body, status=previous.status_code)
+                    replay["Idempotent-Replayed"] = "true"
+                    return replay
+                response = view_method(self, request, *args, **kwargs)
+                if 200 <= response.status_code < 300:
+                    IdempotentRequest.objects.create(
+                        scope=scope, key=key, method=request.method, path=request.path[:255],
+                        body_digest=digest, status_code=response.status_code,
+                        response_body=response.data,
+                    )  # fmt: skip
+                return response
+
+        return wrapper
+
+    return decorate

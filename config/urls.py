@@ -1,0 +1,24 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from apps.api import health
+
+handler404 = "apps.api.errors.json_not_found"
+handler500 = "apps.api.errors.json_server_error"
+
+v1 = [
+    path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+         name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[],
+                                                 permission_classes=[]), name="docs"),
+    path("", include("apps.accounts.urls")),
+]  # fmt: skip
+
+urlpatterns = [
+    path("healthz", health.healthz),
+    path("readyz", health.readyz),
+    path("metrics", health.metrics),
+    path("admin/", admin.site.urls),
+    path("v1/", include(v1)),
+]
