@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
     "apps.accounts",
@@ -138,3 +139,6 @@ GANTRY_TIER_DEFAULTS = {
     "paid": {"max_queued": 500, "max_running": 64, "rate_per_s": 50.0, "burst": 200},
     "enterprise": {"max_queued": 10000, "max_running": 1024, "rate_per_s": 500.0, "burst": 2000},
 }
+
+# --- Fleet and scheduling -------------------------------------------------------------
+GANTRY_FLEET_FILE = env.str("GANTRY_FLEET_FILE", default="")

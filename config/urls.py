@@ -8,12 +8,20 @@ handler404 = "apps.api.errors.json_not_found"
 handler500 = "apps.api.errors.json_server_error"
 
 v1 = [
-    path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
-         name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[],
-                                                 permission_classes=[]), name="docs"),
+    path(
+        "schema/",
+        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+        name="schema",
+    ),
+    path(
+        "docs/",
+        SpectacularSwaggerView.as_view(
+            url_name="schema", authentication_classes=[], permission_classes=[]
+        ),
+        name="docs",
+    ),
     path("", include("apps.accounts.urls")),
-]  # fmt: skip
+]
 
 urlpatterns = [
     path("healthz", health.healthz),

@@ -204,10 +204,22 @@ def platform_processes(env: dict[str, str], *, api_port: int, flower_port: int) 
     }
     for node_name, slots in node_queues(env):
         processes[f"worker-{node_name}"] = [
-            celery, "-A", "config", "worker", "-E", "--loglevel", "INFO",
-            "--hostname", f"{node_name}@%h", "--queues", f"node.{node_name}",
-            "--concurrency", str(slots), "--prefetch-multiplier", "1",
-        ]  # fmt: skip
+            celery,
+            "-A",
+            "config",
+            "worker",
+            "-E",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"{node_name}@%h",
+            "--queues",
+            f"node.{node_name}",
+            "--concurrency",
+            str(slots),
+            "--prefetch-multiplier",
+            "1",
+        ]
     return processes
 
 

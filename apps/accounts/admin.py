@@ -38,8 +38,16 @@ class UserAdmin(admin.ModelAdmin):
 class APIKeyAdmin(admin.ModelAdmin):
     """Keys are minted through the API or create_operator_key; here they are read and revoked."""
 
-    list_display = ("prefix", "name", "is_operator", "org", "project", "user", "created_at",
-                    "revoked_at")  # fmt: skip
+    list_display = (
+        "prefix",
+        "name",
+        "is_operator",
+        "org",
+        "project",
+        "user",
+        "created_at",
+        "revoked_at",
+    )
     list_filter = ("is_operator", ("revoked_at", admin.EmptyFieldListFilter))
     search_fields = ("prefix", "name", "org__name")
     readonly_fields = ("prefix", "digest", "is_operator", "org", "project", "user", "created_at")

@@ -10,8 +10,18 @@ class OrgSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Org
-        fields = ["id", "name", "tier", "weight", "max_queued_jobs", "max_running_jobs",
-                  "rate_per_s", "rate_burst", "dedup_enabled", "created_at"]  # fmt: skip
+        fields = [
+            "id",
+            "name",
+            "tier",
+            "weight",
+            "max_queued_jobs",
+            "max_running_jobs",
+            "rate_per_s",
+            "rate_burst",
+            "dedup_enabled",
+            "created_at",
+        ]
         read_only_fields = ["id", "created_at"]
         # Uniqueness is the service's job (409), not a validation error (400).
         extra_kwargs = {"name": {"validators": []}}
@@ -53,6 +63,15 @@ class APIKeyCreateSerializer(serializers.Serializer):
 class APIKeySerializer(serializers.ModelSerializer):
     class Meta:
         model = APIKey
-        fields = ["id", "name", "prefix", "is_operator", "org", "project", "user", "created_at",
-                  "revoked_at"]  # fmt: skip
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "is_operator",
+            "org",
+            "project",
+            "user",
+            "created_at",
+            "revoked_at",
+        ]
         read_only_fields = fields

@@ -16,8 +16,15 @@ class GantryError(exceptions.APIException):
     status_code = status.HTTP_400_BAD_REQUEST
     code = "bad_request"
 
-    def __init__(self, message: str, *, code: str | None = None, field: str | None = None,
-                 status_code: int | None = None, retry_after: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        field: str | None = None,
+        status_code: int | None = None,
+        retry_after: int | None = None,
+    ):
         super().__init__(detail=message)
         self.message = message
         if code:

@@ -30,8 +30,10 @@ def readyz(request):
     except Exception as exc:
         checks["redis"] = f"unreachable: {exc.__class__.__name__}"
     ready = all(value == "ok" for value in checks.values())
-    return JsonResponse({"status": "ready" if ready else "not ready", "checks": checks},
-                        status=200 if ready else 503)  # fmt: skip
+    return JsonResponse(
+        {"status": "ready" if ready else "not ready", "checks": checks},
+        status=200 if ready else 503,
+    )
 
 
 def metrics(request):

@@ -41,12 +41,18 @@ def idempotent(*, required: bool = False):
             key = request.META.get(HEADER, "").strip()
             if not key:
                 if required:
-                    raise GantryError("The Idempotency-Key header is required.",
-                                      code="invalid", field="Idempotency-Key")  # fmt: skip
+                    raise GantryError(
+                        "The Idempotency-Key header is required.",
+                        code="invalid",
+                        field="Idempotency-Key",
+                    )
                 return view_method(self, request, *args, **kwargs)
             if len(key) > MAX_KEY_LENGTH:
-                raise GantryError(f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters.",
-                                  code="invalid", field="Idempotency-Key")  # fmt: skip
+                raise GantryError(
+                    f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters.",
+                    code="invalid",
+                    field="Idempotency-Key",
+                )
             scope = caller_scope(request)
             digest = body_digest(request)
             with transaction.atomic():
@@ -59,18 +65,23 @@ def idempotent(*, required: bool = False):
                     if previous.body_digest != digest:
                         raise Conflict(
                             "This Idempotency-Key was used with a different request body.",
-                            code="idempotency_mismatch", field="Idempotency-Key",
-                        )  # fmt: skip
+                            code="idempotency_mismatch",
+                            field="Idempotency-Key",
+                        )
                     replay = Response(previous.response_body, status=previous.status_code)
                     replay["Idempotent-Replayed"] = "true"
                     return replay
                 response = view_method(self, request, *args, **kwargs)
                 if 200 <= response.status_code < 300:
                     IdempotentRequest.objects.create(
-                        scope=scope, key=key, method=request.method, path=request.path[:255],
-                        body_digest=digest, status_code=response.status_code,
+                        scope=scope,
+                        key=key,
+                        method=request.method,
+                        path=request.path[:255],
+                        body_digest=digest,
+                        status_code=response.status_code,
                         response_body=response.data,
-                    )  # fmt: skip
+                    )
                 return response
 
         return wrapper

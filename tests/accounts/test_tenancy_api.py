@@ -10,8 +10,9 @@ pytestmark = pytest.mark.django_db
 
 
 def test_operator_bootstraps_org_project_and_org_key(operator):
-    org = operator.post("/v1/orgs", {"name": "acme", "tier": "enterprise", "weight": 3},
-                        format="json")  # fmt: skip
+    org = operator.post(
+        "/v1/orgs", {"name": "acme", "tier": "enterprise", "weight": 3}, format="json"
+    )
     assert org.status_code == 201, org.content
     org_id = org.json()["id"]
     assert org.json()["tier"] == "enterprise" and org.json()["weight"] == 3
@@ -30,8 +31,11 @@ def test_org_key_gets_404_for_every_object_of_another_org(tenant, org):
     other = OrgFactory()
     ProjectFactory(org=other)
     UserFactory(org=other)
-    for path in (f"/v1/orgs/{other.id}", f"/v1/orgs/{other.id}/projects",
-                 f"/v1/orgs/{other.id}/users"):  # fmt: skip
+    for path in (
+        f"/v1/orgs/{other.id}",
+        f"/v1/orgs/{other.id}/projects",
+        f"/v1/orgs/{other.id}/users",
+    ):
         response = tenant.get(path)
         assert response.status_code == 404, path
         assert response.json()["error"]["code"] == "not_found"
