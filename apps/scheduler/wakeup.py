@@ -1,0 +1,43 @@
+"""Wake the dispatcher early (on submit and finish) instead of waiting for the next tick."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from django.conf import settings
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+DISPATCH_TASK = "gantry.scheduler.dispatch_tick"
+# Many submissions in a burst need one early tick, not one each.
+DEBOUNCE_KEY = "gantry:dispatch:wakeup"
+DEBOUNCE_MS = 200
+
+_redis: redis.Redis | None = None
+
+
+def _client() -> redis.Redis:
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+    return _redis
+
+
+def wake_dispatcher() -> None:
+    """Ask for a dispatch tick once the current transaction commits (debounced).
+
+    Best effort: if Redis is down the periodic tick still comes, so nothing is lost.
+    """
+
+    def publish():
+        from config.celery import app
+
+        try:
+            if _client().set(DEBOUNCE_KEY, 1, nx=True, px=DEBOUNCE_MS):
+                app.send_task(DISPATCH_TASK, queue="control", expires=5)
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("dispatcher wake-up not sent: %s", exc)
+
+    transaction.on_commit(publish)
