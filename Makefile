@@ -25,3 +25,6 @@ simulate: $(STAMP)
 
 clean:
 	rm -rf .data
+
+demo: $(STAMP)
+	$(PY) scripts/stack.py demo

@@ -133,6 +133,8 @@ LOGGING = {
 }
 
 # --- Tenancy and admission -------------------------------------------------------------
+# Seconds a process may reuse a looked-up API key (a revocation's worst-case delay).
+GANTRY_API_KEY_CACHE_S = env.float("GANTRY_API_KEY_CACHE_S", default=5.0)
 GANTRY_TIER_DEFAULTS = {
     # max queued / running jobs per org, submissions per second (token bucket) per org
     "free": {"max_queued": 20, "max_running": 4, "rate_per_s": 2.0, "burst": 10},
@@ -142,3 +144,98 @@ GANTRY_TIER_DEFAULTS = {
 
 # --- Fleet and scheduling -------------------------------------------------------------
 GANTRY_FLEET_FILE = env.str("GANTRY_FLEET_FILE", default="")
+
+# --- Jobs (submission, admission, results, webhooks) ----------------------------------
+# Per-tier bounds on a job's max_runtime_s (seconds).
+GANTRY_TIER_RUNTIME_LIMITS = {
+    "free": {"min_runtime_s": 10, "max_runtime_s": 30 * 60},
+    "paid": {"min_runtime_s": 10, "max_runtime_s": 24 * 3600},
+    "enterprise": {"min_runtime_s": 10, "max_runtime_s": 7 * 24 * 3600},
+}
+# Largest accepted `params` document, as canonical JSON bytes.
+GANTRY_MAX_PARAMS_BYTES = env.int("GANTRY_MAX_PARAMS_BYTES", default=64 * 1024)
+# GPU types (names, memory, prices) are cached per process for this long.
+GANTRY_GPU_TYPE_CACHE_S = env.float("GANTRY_GPU_TYPE_CACHE_S", default=10.0)
+# Tier-wide token buckets shared by every org of the tier. Only the free tier has one, so
+# under overload free submissions are refused (429) first and paid work never is.
+GANTRY_TIER_AGGREGATE_RATE = {"free": {"rate_per_s": 50.0, "burst": 200}}
+# A job's credit hold may be reclaimed by recovery only after max_runtime_s plus this.
+GANTRY_HOLD_QUEUE_ALLOWANCE_S = env.int("GANTRY_HOLD_QUEUE_ALLOWANCE_S", default=24 * 3600)
+# Past this many queued jobs platform-wide, free-tier submissions are shed with a 429.
+GANTRY_SHED_FREE_QUEUE_DEPTH = env.int("GANTRY_SHED_FREE_QUEUE_DEPTH", default=5000)
+GANTRY_SHED_RETRY_AFTER_S = 30
+# Retry-After of a 429 for a full per-org queue (max_queued).
+GANTRY_QUOTA_RETRY_AFTER_S = 30
+# Within this many jobs of an org's max_queued, submissions of the org serialise on an
+# advisory lock so the quota is exact where it matters and free elsewhere.
+GANTRY_QUOTA_LOCK_MARGIN = 64
+# Webhooks: https only unless allowed; hosts named here may resolve to private addresses.
+GANTRY_WEBHOOK_ALLOW_HTTP = env.bool("GANTRY_WEBHOOK_ALLOW_HTTP", default=False)
+GANTRY_WEBHOOK_ALLOWED_HOSTS = env.list("GANTRY_WEBHOOK_ALLOWED_HOSTS", default=[])
+# Master key from which each org's webhook secret is derived (rotate by changing it).
+GANTRY_WEBHOOK_SIGNING_KEY = env.str("GANTRY_WEBHOOK_SIGNING_KEY", default=SECRET_KEY)
+GANTRY_WEBHOOK_TIMEOUT_S = env.float("GANTRY_WEBHOOK_TIMEOUT_S", default=10.0)
+GANTRY_WEBHOOK_MAX_TRIES = env.int("GANTRY_WEBHOOK_MAX_TRIES", default=8)
+GANTRY_WEBHOOK_BACKOFF_BASE_S = env.float("GANTRY_WEBHOOK_BACKOFF_BASE_S", default=5.0)
+GANTRY_WEBHOOK_BACKOFF_MAX_S = env.float("GANTRY_WEBHOOK_BACKOFF_MAX_S", default=600.0)
+# Results: "filesystem" (under MEDIA_ROOT) or "s3" (any S3-compatible store; needs boto3).
+GANTRY_RESULT_STORAGE = env.str("GANTRY_RESULT_STORAGE", default="filesystem")
+GANTRY_RESULT_URL_TTL_S = env.int("GANTRY_RESULT_URL_TTL_S", default=3600)
+GANTRY_S3_BUCKET = env.str("GANTRY_S3_BUCKET", default="")
+GANTRY_S3_PREFIX = env.str("GANTRY_S3_PREFIX", default="results/")
+GANTRY_S3_ENDPOINT_URL = env.str("GANTRY_S3_ENDPOINT_URL", default="")
+GANTRY_S3_REGION = env.str("GANTRY_S3_REGION", default="")
+
+# --- Worker pools (the black-box runner and recovery) ---------------------------------
+# The generator binary; gets --params/--output-dir/--checkpoint-dir [--resume] (API.md).
+# Space-separated in the environment; empty: the bundled stand-in, run by this Python.
+GANTRY_GENERATOR_COMMAND = env.str("GANTRY_GENERATOR_COMMAND", default="").split()
+# Per-attempt scratch folders (params.json, output dir); node-local, removed after a run.
+GANTRY_SCRATCH_ROOT = Path(
+    env.str("GANTRY_SCRATCH_ROOT", default=str(BASE_DIR / ".data" / "scratch"))
+)
+# Checkpoints live in MEDIA_ROOT/checkpoints/<job id>: a filesystem every node shares,
+# so a retry or resume on another node finds them.
+GANTRY_CHECKPOINT_ROOT = MEDIA_ROOT / "checkpoints"
+GANTRY_HEARTBEAT_S = env.float("GANTRY_HEARTBEAT_S", default=2.0)
+# A running attempt whose lease (database clock) runs out is lost: its worker is dead.
+GANTRY_LEASE_S = env.float("GANTRY_LEASE_S", default=30.0)
+# No output line for this long: the generator is hung and gets killed.
+GANTRY_STALL_S = env.float("GANTRY_STALL_S", default=300.0)
+# SIGTERM → this long to checkpoint and exit → SIGKILL (preemption).
+GANTRY_PREEMPT_GRACE_S = env.float("GANTRY_PREEMPT_GRACE_S", default=30.0)
+# Retry backoff: base * 2^(failures - 1), capped.
+GANTRY_RETRY_BACKOFF_S = env.float("GANTRY_RETRY_BACKOFF_S", default=10.0)
+GANTRY_RETRY_BACKOFF_MAX_S = env.float("GANTRY_RETRY_BACKOFF_MAX_S", default=600.0)
+# Out-of-memory exits retried at most this many times (another node may have more room).
+GANTRY_OOM_RETRIES = env.int("GANTRY_OOM_RETRIES", default=1)
+# A params fingerprint that hung or crashed on this many different nodes is quarantined.
+GANTRY_QUARANTINE_NODES = env.int("GANTRY_QUARANTINE_NODES", default=3)
+# How often the recovery beat tasks run.
+GANTRY_RECOVERY_INTERVAL_S = env.float("GANTRY_RECOVERY_INTERVAL_S", default=5.0)
+# The run task never depends on a broker or pool time limit: the runner enforces
+# max_runtime_s itself and the DB lease detects a dead worker.
+CELERY_TASK_TIME_LIMIT = None
+CELERY_TASK_SOFT_TIME_LIMIT = None
+
+# --- Scheduler --------------------------------------------------------------------------
+# Dispatch tick period (beat); submissions and finishes also wake it early.
+GANTRY_DISPATCH_INTERVAL_S = env.float("GANTRY_DISPATCH_INTERVAL_S", default=1.0)
+# A placed attempt must be claimed by its node's worker within this, else it is requeued.
+GANTRY_SCHEDULING_LEASE_S = env.int("GANTRY_SCHEDULING_LEASE_S", default=60)
+# An attempt still unclaimed this long after placement gets its run message re-sent.
+GANTRY_REPUBLISH_AFTER_S = env.int("GANTRY_REPUBLISH_AFTER_S", default=10)
+# Queued jobs read per tick: the oldest N per user, then the oldest M per org of those, then
+# at most TOTAL taken round-robin over users (see apps/scheduler/services/snapshot.py).
+GANTRY_DISPATCH_MAX_QUEUED_PER_USER = env.int("GANTRY_DISPATCH_MAX_QUEUED_PER_USER", default=32)
+GANTRY_DISPATCH_MAX_QUEUED_PER_ORG = env.int("GANTRY_DISPATCH_MAX_QUEUED_PER_ORG", default=512)
+GANTRY_DISPATCH_MAX_QUEUED = env.int("GANTRY_DISPATCH_MAX_QUEUED", default=5000)
+# A claim on a node (GPUs freed by a preemption or drained by a reservation) for a queued
+# job is dropped if the job is not placed by then.
+GANTRY_NODE_CLAIM_TTL_S = env.int("GANTRY_NODE_CLAIM_TTL_S", default=600)
+GANTRY_USAGE_HALF_LIFE_S = env.float("GANTRY_USAGE_HALF_LIFE_S", default=1800.0)
+GANTRY_DISPATCH_DECISION_RETENTION_DAYS = env.int(
+    "GANTRY_DISPATCH_DECISION_RETENTION_DAYS", default=30
+)
+# Other knobs of apps.scheduler.policy.PolicyConfig, by name (e.g. {"max_reservations": 8}).
+GANTRY_POLICY = env.json("GANTRY_POLICY", default={})

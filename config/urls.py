@@ -21,6 +21,10 @@ v1 = [
         name="docs",
     ),
     path("", include("apps.accounts.urls")),
+    path("", include("apps.ledger.urls")),
+    path("", include("apps.jobs.urls")),
+    path("", include("apps.scheduler.urls")),
+    path("", include("apps.scheduler.urls_audit")),
 ]
 
 urlpatterns = [

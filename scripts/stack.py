@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import os
 import secrets
 import shutil
@@ -133,10 +135,36 @@ def run_tests(env: dict[str, str], pytest_args: list[str]) -> int:
     return code
 
 
-def start(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+def start(
+    name: str, argv: list[str], env: dict[str, str], *, log_dir: Path | None = None
+) -> subprocess.Popen:
     log(f"starting {name}: {' '.join(argv)}")
+    output = None
+    if log_dir is not None:  # the demo keeps the terminal for its own printout
+        log_dir.mkdir(parents=True, exist_ok=True)
+        output = (log_dir / f"{name}.log").open("ab")
     # Own process group so Ctrl-C handling and shutdown reach the whole tree.
-    return subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output
+    )
+
+
+def wait_ready(url: str, processes: dict[str, subprocess.Popen], *, timeout: float) -> bool:
+    """Poll /readyz until 200 (True), a process dies or the timeout passes (False)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(proc.poll() is not None for proc in processes.values()):
+            return False
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url, timeout=2) as answer,  # noqa: S310 (our URL)
+        ):
+            if answer.status == 200:
+                return True
+        time.sleep(0.5)
+    return False
 
 
 def stop_all(processes: dict[str, subprocess.Popen]) -> None:
@@ -154,73 +182,191 @@ def stop_all(processes: dict[str, subprocess.Popen]) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def platform_processes(env: dict[str, str], *, api_port: int, flower_port: int) -> dict:
+# Metrics: gunicorn's processes and each worker's pool share a directory of samples
+# (prometheus_client multiprocess mode), emptied at every start; each Celery worker
+# serves its own /metrics on a port counted up from GANTRY_METRICS_PORT_BASE.
+METRICS_DIR = DATA / "metrics"
+PROMETHEUS_TARGETS = DATA / "prometheus-targets.json"
+DEFAULT_METRICS_PORT_BASE = 9310
+
+# Flower: a live view of queues and tasks (state of record is PostgreSQL, so nothing is
+# persisted); columns that say which queue (node) a task went to and with which ids.
+FLOWER_OPTIONS = (
+    "--persistent=False",
+    "--purge_offline_workers=300",
+    "--max_tasks=20000",
+    "--tasks_columns=name,uuid,state,args,routing_key,received,started,runtime,worker,retries",
+    # Run tasks last from seconds to an hour: the default buckets stop at 10 s.
+    "--task_runtime_metric_buckets=0.1,1,5,15,60,300,900,1800,3600,7200",
+)
+
+
+@dataclasses.dataclass
+class Process:
+    """One process of the platform: its command line and what it adds to the environment."""
+
+    argv: list[str]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    metrics_port: int | None = None
+
+
+def metrics_env(name: str, *, port: int | None = None, processes: int = 2) -> dict[str, str]:
+    """Metrics environment of one process: its /metrics port (Celery workers) and, for a
+    group of processes (gunicorn, a prefork worker), its own multiprocess directory."""
+    env = {}
+    if processes > 1:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR / name)
+    if port is not None:
+        env["GANTRY_METRICS_PORT"] = str(port)
+    return env
+
+
+def api_process(*, port: int, workers: int | str = 3, address: str = "127.0.0.1") -> list[str]:
+    """gunicorn with config/gunicorn.py (metrics of all its workers, JSON logs)."""
+    return [
+        str(BIN / "gunicorn"),
+        "config.wsgi",
+        "--config",
+        str(ROOT / "config" / "gunicorn.py"),
+        "--bind",
+        f"{address}:{port}",
+        "--workers",
+        str(workers),
+        "--access-logfile",
+        "-",
+    ]
+
+
+def control_worker(*, hostname: str = "control@%h", concurrency: int = 2) -> list[str]:
+    """The control-plane worker: dispatch ticks, recovery, ledger upkeep, webhooks."""
+    return [
+        str(BIN / "celery"),
+        "-A",
+        "config",
+        "worker",
+        "-E",
+        "--loglevel",
+        "INFO",
+        "--hostname",
+        hostname,
+        "--queues",
+        "control",
+        "--concurrency",
+        str(concurrency),
+    ]
+
+
+def flower_process(*, port: int, address: str = "127.0.0.1", url_prefix: str = "") -> list[str]:
+    """Flower beside the stack; its /metrics adds Celery's own series (per task name)."""
+    argv = [
+        str(BIN / "celery"),
+        "-A",
+        "config",
+        "flower",
+        f"--port={port}",
+        f"--address={address}",
+        *FLOWER_OPTIONS,
+    ]
+    if url_prefix.strip("/"):
+        argv.append(f"--url_prefix={url_prefix.strip('/')}")
+    return argv
+
+
+def platform_processes(
+    env: dict[str, str], *, api_port: int, flower_port: int, metrics_port_base: int
+) -> dict[str, Process]:
     """The process table of a running platform: API, beat, Flower, one worker per node."""
     celery = str(BIN / "celery")
     processes = {
-        "api": [
-            str(BIN / "gunicorn"),
-            "config.wsgi",
-            "--bind",
-            f"127.0.0.1:{api_port}",
-            "--workers",
-            env.get("GANTRY_API_WORKERS", "3"),
-            "--access-logfile",
-            "-",
-        ],
-        "beat": [
-            celery,
-            "-A",
-            "config",
-            "beat",
-            "--loglevel",
-            "INFO",
-            "--schedule",
-            str(DATA / "celerybeat-schedule"),
-        ],
-        "worker-control": [
-            celery,
-            "-A",
-            "config",
-            "worker",
-            "-E",
-            "--loglevel",
-            "INFO",
-            "--hostname",
-            "control@%h",
-            "--queues",
-            "control",
-            "--concurrency",
-            "2",
-        ],
-        "flower": [
-            celery,
-            "-A",
-            "config",
-            "flower",
-            f"--port={flower_port}",
-            "--address=127.0.0.1",
-        ],
+        "api": Process(
+            api_process(port=api_port, workers=env.get("GANTRY_API_WORKERS", "3")),
+            metrics_env("api"),
+        ),
+        "beat": Process(
+            [
+                celery,
+                "-A",
+                "config",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(DATA / "celerybeat-schedule"),
+            ]
+        ),
+        "worker-control": Process(
+            control_worker(),
+            metrics_env("worker-control", port=metrics_port_base),
+            metrics_port_base,
+        ),
+        "flower": Process(
+            flower_process(port=flower_port, url_prefix=env.get("GANTRY_FLOWER_URL_PREFIX", ""))
+        ),
     }
-    for node_name, slots in node_queues(env):
-        processes[f"worker-{node_name}"] = [
-            celery,
-            "-A",
-            "config",
-            "worker",
-            "-E",
-            "--loglevel",
-            "INFO",
-            "--hostname",
-            f"{node_name}@%h",
-            "--queues",
-            f"node.{node_name}",
-            "--concurrency",
-            str(slots),
-            "--prefetch-multiplier",
-            "1",
-        ]
+    for offset, (node_name, slots) in enumerate(node_queues(env), start=1):
+        name = f"worker-{node_name}"
+        port = metrics_port_base + offset
+        processes[name] = Process(
+            gpu_pool_worker(celery, node_name, slots),
+            metrics_env(name, port=port, processes=1),  # threads: one process
+            port,
+        )
     return processes
+
+
+def prepare_metrics(processes: dict[str, Process], *, api_port: int, flower_port: int) -> None:
+    """Empty the metrics directories and write the scrape targets for a local Prometheus."""
+    if METRICS_DIR.exists():
+        shutil.rmtree(METRICS_DIR)
+    for process in processes.values():
+        directory = process.env.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            Path(directory).mkdir(parents=True)
+    targets = [
+        {"targets": [f"127.0.0.1:{api_port}"], "labels": {"job": "gantry-api"}},
+        {"targets": [f"127.0.0.1:{flower_port}"], "labels": {"job": "flower"}},
+        *(
+            {
+                "targets": [f"127.0.0.1:{process.metrics_port}"],
+                "labels": {"job": "gantry-worker", "process": name},
+            }
+            for name, process in processes.items()
+            if process.metrics_port is not None
+        ),
+    ]
+    PROMETHEUS_TARGETS.write_text(json.dumps(targets, indent=2) + "\n")
+
+
+def gpu_pool_worker(celery: str, node_name: str, slots: int) -> list[str]:
+    """The worker pool of one node: one run slot per GPU, each run a supervised subprocess.
+
+    Threads, not prefork: a slot spends its life waiting on the generator and the
+    database, and when the worker dies its runs die with it (the generator gets a
+    parent-death signal), so the DB lease, not the broker, tells that the node is gone.
+    One message reserved per slot (prefetch 1, acks late), no gossip or mingle: the
+    dispatcher decides where work goes, not the broker.
+    """
+    return [
+        celery,
+        "-A",
+        "config",
+        "worker",
+        "-E",
+        "--loglevel",
+        "INFO",
+        "--hostname",
+        f"{node_name}@%h",
+        "--queues",
+        f"node.{node_name}",
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(slots),
+        "--prefetch-multiplier",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
+    ]
 
 
 def node_queues(env: dict[str, str]) -> list[tuple[str, int]]:
@@ -238,9 +384,17 @@ def node_queues(env: dict[str, str]) -> list[tuple[str, int]]:
     return [(name, int(gpus)) for name, gpus in rows]
 
 
-def run_platform(env: dict[str, str]) -> int:
+DEMO_LOGS = DATA / "logs"
+
+
+def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> int:
+    """Run the platform until Ctrl-C; with demo_args, until scripts/demo.py (given the
+    operator key and those arguments) has driven its load, then stop everything."""
     api_port = int(env.get("GANTRY_API_PORT", "8000"))
     flower_port = int(env.get("GANTRY_FLOWER_PORT", "5555"))
+    metrics_port_base = int(env.get("GANTRY_METRICS_PORT_BASE", DEFAULT_METRICS_PORT_BASE))
+    flower_prefix = env.get("GANTRY_FLOWER_URL_PREFIX", "").strip("/")
+    flower_url = f"http://127.0.0.1:{flower_port}/{flower_prefix + '/' if flower_prefix else ''}"
     env.setdefault("GANTRY_PUBLIC_URL", f"http://127.0.0.1:{api_port}")
     manage(env, "migrate", "--noinput")
     manage(env, "load_fleet")
@@ -258,6 +412,7 @@ def run_platform(env: dict[str, str]) -> int:
     )
     processes: dict[str, subprocess.Popen] = {}
     stopping = False
+    demo: subprocess.Popen | None = None
 
     def on_signal(signum, _frame):
         nonlocal stopping
@@ -266,10 +421,22 @@ def run_platform(env: dict[str, str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        for name, argv in platform_processes(
-            env, api_port=api_port, flower_port=flower_port
-        ).items():
-            processes[name] = start(name, argv, env)
+        table = platform_processes(
+            env, api_port=api_port, flower_port=flower_port, metrics_port_base=metrics_port_base
+        )
+        prepare_metrics(table, api_port=api_port, flower_port=flower_port)
+        for name, process in table.items():
+            processes[name] = start(
+                name,
+                process.argv,
+                {**env, **process.env},
+                log_dir=DEMO_LOGS if demo_args is not None else None,
+            )
+        worker_metrics = [
+            f"  Metrics       http://127.0.0.1:{process.metrics_port}/metrics   ({name})"
+            for name, process in table.items()
+            if process.metrics_port is not None
+        ]
         print(
             "\n".join(
                 [
@@ -278,25 +445,55 @@ def run_platform(env: dict[str, str]) -> int:
                     f"  API           http://127.0.0.1:{api_port}/v1/   (docs: /v1/docs/)",
                     f"  Admin         http://127.0.0.1:{api_port}/admin/",
                     f"  Health        http://127.0.0.1:{api_port}/readyz",
-                    f"  Metrics       http://127.0.0.1:{api_port}/metrics",
-                    f"  Flower        http://127.0.0.1:{flower_port}/",
+                    f"  Metrics       http://127.0.0.1:{api_port}/metrics   (api)",
+                    *worker_metrics,
+                    f"  Flower        {flower_url}   (metrics: {flower_url}metrics)",
+                    f"  Prometheus    scrape targets in {PROMETHEUS_TARGETS} (docs/operations.md)",
                     f"  DATABASE_URL  {env['DATABASE_URL']}",
                     f"  REDIS_URL     {env['REDIS_URL']}",
                     "  Operator key (shown once):",
                     f"  {key}",
                     "Press Ctrl-C to stop everything.",
+                    *([f"  Logs          {DEMO_LOGS}/<process>.log"] if demo_args else []),
                     "",
                 ]
             ),
             flush=True,
         )
+        if demo_args is not None:
+            api_url = f"http://127.0.0.1:{api_port}"
+            if not wait_ready(f"{api_url}/readyz", processes, timeout=120):
+                log(f"the platform did not get ready; see {DEMO_LOGS}")
+                return 1
+            gpus = sum(slots for _name, slots in node_queues(env))
+            demo = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "scripts" / "demo.py"),
+                    "--api",
+                    api_url,
+                    "--operator-key",
+                    key,
+                    "--fleet-gpus",
+                    str(gpus),
+                    *demo_args,
+                ],
+                cwd=ROOT,
+                env=env,
+            )
         while not stopping:
+            if demo is not None and demo.poll() is not None:
+                log(f"demo finished with {demo.returncode}; stopping the stack")
+                return demo.returncode
             for name, proc in processes.items():
                 if proc.poll() is not None:
                     log(f"{name} exited with {proc.returncode}; stopping the stack")
                     stopping = True
             time.sleep(0.5)
     finally:
+        if demo is not None and demo.poll() is None:
+            demo.terminate()
+            demo.wait()
         stop_all(processes)
     return 0
 
@@ -307,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="run the platform until Ctrl-C")
     test = sub.add_parser("test", help="ruff + pytest")
     test.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    demo = sub.add_parser("demo", help="run the platform with the live demo load, then stop")
+    demo.add_argument("--duration", default="60", help="seconds of load (default 60)")
     run = sub.add_parser("run", help="run a command with the stack's environment")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -315,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         env.setdefault("GANTRY_SECRET_KEY", secrets.token_urlsafe(32))
         if args.command == "up":
             return run_platform(env)
+        if args.command == "demo":
+            return run_platform(env, demo_args=["--duration", args.duration])
         if args.command == "test":
             return run_tests(env, [a for a in args.pytest_args if a != "--"])
         cmd = [a for a in args.cmd if a != "--"]

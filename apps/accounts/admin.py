@@ -1,6 +1,40 @@
-from django.contrib import admin
+"""Operators' pages for tenancy: orgs (tier, weight, quotas and budgets), projects, users,
+API keys, and the read-only log of operator actions. Every change an operator makes here
+goes through a service and is recorded as an OperatorAction (the audit trail)."""
 
-from apps.accounts.models import APIKey, Org, Project, User
+import json
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin
+from django.forms.models import model_to_dict
+from django.urls import reverse
+from django.utils.html import format_html
+
+from apps.accounts import services
+from apps.accounts.models import APIKey, OperatorAction, Org, Project, User
+from apps.accounts.operator_actions import operator_action, operator_of
+from apps.ledger import services as ledger
+from apps.ledger.models import Budget
+
+# The fields of an org an operator sets here, recorded before/after in the audit trail.
+ORG_SETTINGS = (
+    "name",
+    "tier",
+    "weight",
+    "max_queued_jobs",
+    "max_running_jobs",
+    "rate_per_s",
+    "rate_burst",
+    "dedup_enabled",
+)
+BUDGET_SETTINGS = ("limit", "period", "mode")
+
+
+def audit_link(*, label: str = "Audit trail", **filters) -> str:
+    """A link to the admin's audit trail page, filtered (org=…, job=…)."""
+    query = "&".join(f"{key}={value}" for key, value in filters.items())
+    return format_html('<a href="{}?{}">{}</a>', reverse("admin:audit_trail"), query, label)
 
 
 class ProjectInline(admin.TabularInline):
@@ -10,12 +44,156 @@ class ProjectInline(admin.TabularInline):
     readonly_fields = ("created_at",)
 
 
+class BudgetInlineForm(forms.ModelForm):
+    class Meta:
+        model = Budget
+        fields = ("project", "user", *BUDGET_SETTINGS)
+
+    def clean(self):
+        data = super().clean()
+        if not self.instance._state.adding and any(
+            name in self.changed_data for name in ("project", "user")
+        ):
+            raise forms.ValidationError(
+                "A budget's scope (project, user) cannot change; add a budget for the new scope."
+            )
+        return data
+
+
+class BudgetInline(admin.TabularInline):
+    """The org's budgets (org-wide, per project, per user). Saved through the ledger's
+    set_budget, which recomputes held/consumed from the holds; never deleted here."""
+
+    model = Budget
+    form = BudgetInlineForm
+    extra = 0
+    fields = ("project", "user", "limit", "period", "mode", "held", "consumed")
+    readonly_fields = ("held", "consumed")
+    can_delete = False
+    verbose_name_plural = "budgets (limits in micro-credits; 1 credit = 1,000,000)"
+
+    def get_formset(self, request, obj=None, **kwargs):
+        self._org = obj  # the choices of project and user are the org's own
+        return super().get_formset(request, obj, **kwargs)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        org = getattr(self, "_org", None)
+        if db_field.name == "project":
+            kwargs["queryset"] = Project.objects.filter(org=org) if org else Project.objects.none()
+        if db_field.name == "user":
+            kwargs["queryset"] = User.objects.filter(org=org) if org else User.objects.none()
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
 @admin.register(Org)
 class OrgAdmin(admin.ModelAdmin):
-    list_display = ("name", "tier", "weight", "max_queued_jobs", "max_running_jobs", "created_at")
+    list_display = (
+        "name",
+        "tier",
+        "weight",
+        "max_queued_jobs",
+        "max_running_jobs",
+        "rate_per_s",
+        "created_at",
+    )
     list_filter = ("tier", "dedup_enabled")
     search_fields = ("name", "id")
-    inlines = [ProjectInline]
+    readonly_fields = ("id", "tier_defaults", "audit", "created_at")
+    fieldsets = (
+        (None, {"fields": ("id", "name", "tier", "weight", "dedup_enabled", "audit")}),
+        (
+            "Quotas (empty: the tier's default)",
+            {
+                "fields": (
+                    "tier_defaults",
+                    "max_queued_jobs",
+                    "max_running_jobs",
+                    "rate_per_s",
+                    "rate_burst",
+                )
+            },
+        ),
+        (None, {"fields": ("created_at",)}),
+    )
+    inlines = [BudgetInline, ProjectInline]
+
+    @admin.display(description="tier defaults")
+    def tier_defaults(self, obj):
+        defaults = settings.GANTRY_TIER_DEFAULTS.get(obj.tier) if obj and obj.pk else None
+        if not defaults:
+            return "-"
+        return (
+            f"{obj.tier}: max queued {defaults['max_queued']}, max running "
+            f"{defaults['max_running']}, {defaults['rate_per_s']}/s (burst {defaults['burst']})"
+        )
+
+    @admin.display(description="audit trail")
+    def audit(self, obj):
+        return audit_link(label="Everything about this org", org=obj.pk) if obj and obj.pk else "-"
+
+    def save_model(self, request, obj, form, change):
+        """Creates and changes go through the accounts services and are recorded."""
+        after = {name: getattr(obj, name) for name in ORG_SETTINGS}
+        if not change:
+            with operator_action(
+                actor=operator_of(request), action="org.create", target_type="org", target_id=""
+            ) as pending:
+                created = services.create_org(**after)
+                pending.target_id, pending.org_id, pending.after = created.pk, created.pk, after
+            obj.pk, obj.created_at = created.pk, created.created_at
+            obj._state.adding, obj._state.db = False, created._state.db
+            return
+        current = Org.objects.get(pk=obj.pk)
+        changed = [name for name in ORG_SETTINGS if getattr(current, name) != after[name]]
+        with operator_action(
+            actor=operator_of(request),
+            action="org.update",
+            target_type="org",
+            target_id=obj.pk,
+            org_id=obj.pk,
+            before={name: getattr(current, name) for name in changed},
+            after={name: after[name] for name in changed},
+        ) as pending:
+            pending.skip = not changed
+            services.update_org(current, **{name: after[name] for name in changed})
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Budget:
+            return super().save_formset(request, form, formset, change)
+        # Budgets are set through the ledger service (caches recomputed), one audit row each.
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for budget_form in formset.forms:
+            if not budget_form.has_changed() or not budget_form.cleaned_data:
+                continue
+            self._set_budget(request, form.instance, budget_form, formset)
+        return None
+
+    def _set_budget(self, request, org, budget_form, formset):
+        data = budget_form.cleaned_data
+        existing = None if budget_form.instance._state.adding else budget_form.instance
+        before = model_to_dict(existing, fields=BUDGET_SETTINGS) if existing else {}
+        scope = {"project": data.get("project"), "user": data.get("user")}
+        with operator_action(
+            actor=operator_of(request),
+            action="budget.set",
+            target_type="budget",
+            target_id="",
+            org_id=org.pk,
+            before=before,
+        ) as pending:
+            budget = ledger.set_budget(
+                org=org, **scope, **{name: data[name] for name in BUDGET_SETTINGS}
+            )
+            pending.target_id = budget.pk
+            pending.after = {
+                **model_to_dict(budget, fields=BUDGET_SETTINGS),
+                "project": str(budget.project_id or ""),
+                "user": str(budget.user_id or ""),
+            }
+        if existing:
+            formset.changed_objects.append((budget, budget_form.changed_data))
+        else:
+            formset.new_objects.append(budget)
 
 
 @admin.register(Project)
@@ -58,7 +236,59 @@ class APIKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request, queryset):
-        from apps.accounts.services import revoke_api_key
+        revoked = 0
+        for api_key in queryset.filter(revoked_at__isnull=True):
+            with operator_action(
+                actor=operator_of(request),
+                action="apikey.revoke",
+                target_type="apikey",
+                target_id=api_key.prefix,
+                org_id=api_key.org_id,
+                before={"revoked_at": None},
+            ) as pending:
+                services.revoke_api_key(api_key)
+                pending.after = {"revoked_at": api_key.revoked_at}
+            revoked += 1
+        self.message_user(request, f"Revoked {revoked} key(s).")
 
-        for api_key in queryset:
-            revoke_api_key(api_key)
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(admin.ModelAdmin):
+    """What operators did, as recorded; append-only (the database refuses changes)."""
+
+    list_display = ("at", "actor", "action", "target_type", "target_id", "org", "outcome")
+    list_filter = ("action", "outcome", "target_type")
+    search_fields = ("actor", "target_id", "note", "=job_id", "org__name")
+    list_select_related = ("org",)
+    date_hierarchy = "at"
+    fields = (
+        "at",
+        "actor",
+        "action",
+        "target_type",
+        "target_id",
+        "org",
+        "job_id",
+        "outcome",
+        "note",
+        "before_pretty",
+        "after_pretty",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="before")
+    def before_pretty(self, obj):
+        return format_html("<pre>{}</pre>", json.dumps(obj.before, indent=2, sort_keys=True))
+
+    @admin.display(description="after")
+    def after_pretty(self, obj):
+        return format_html("<pre>{}</pre>", json.dumps(obj.after, indent=2, sort_keys=True))
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
+from django.conf import settings
 from rest_framework import authentication, exceptions
 
 from apps.accounts.models import APIKey
@@ -39,6 +42,38 @@ class Principal:
         return self.api_key.user_id
 
 
+class KeyCache:
+    """A short per-process memory of looked-up keys: submission is the hot path, and the
+    key lookup was a sizeable share of it. A revocation reaches other processes within
+    GANTRY_API_KEY_CACHE_S; in the revoking process at once."""
+
+    def __init__(self):
+        self._entries: dict[str, tuple[float, APIKey]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, digest: str) -> APIKey | None:
+        entry = self._entries.get(digest)
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1]
+
+    def put(self, digest: str, api_key: APIKey) -> None:
+        ttl = settings.GANTRY_API_KEY_CACHE_S
+        if ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[digest] = (time.monotonic() + ttl, api_key)
+
+    def forget(self, digest: str) -> None:
+        with self._lock:
+            self._entries.pop(digest, None)
+
+
+key_cache = KeyCache()
+
+
 class APIKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -48,12 +83,16 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
             return None
         if header[0].decode(errors="replace").lower() != self.keyword.lower() or len(header) != 2:
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
-        raw_key = header[1].decode(errors="replace")
-        api_key = (
-            APIKey.objects.select_related("org", "project", "user")
-            .filter(digest=digest_key(raw_key))
-            .first()
-        )
+        digest = digest_key(header[1].decode(errors="replace"))
+        api_key = key_cache.get(digest)
+        if api_key is None:
+            api_key = (
+                APIKey.objects.select_related("org", "project", "user")
+                .filter(digest=digest, revoked_at__isnull=True)
+                .first()
+            )
+            if api_key is not None:
+                key_cache.put(digest, api_key)
         if api_key is None or not api_key.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
         return Principal(api_key), api_key

@@ -140,3 +140,55 @@ class IdempotentRequest(models.Model):
 
     def __str__(self):
         return f"{self.scope}:{self.key}"
+
+
+class OperatorAction(models.Model):
+    """One thing an operator did (drain a node, cancel a job, grant credit, change an org…).
+
+    Append-only (a trigger refuses UPDATE and DELETE): part of the audit trail beside
+    ledger entries, job events and dispatch decisions. `before`/`after` hold what the
+    target looked like around the action; `outcome` says whether it was done or refused.
+    `job_id` is a plain id (the jobs app depends on accounts, not the reverse).
+    """
+
+    class Outcome(models.TextChoices):
+        DONE = "done", "Done"
+        REFUSED = "refused", "Refused"
+
+    at = models.DateTimeField(db_default=models.functions.Now())
+    actor = models.CharField(max_length=200, help_text="Who: e.g. admin:<username>.")
+    action = models.CharField(max_length=64, help_text="What: e.g. node.drain, job.cancel.")
+    target_type = models.CharField(max_length=32)
+    target_id = models.CharField(max_length=200)
+    org = models.ForeignKey(
+        Org, null=True, blank=True, on_delete=models.PROTECT, related_name="operator_actions"
+    )
+    job_id = models.UUIDField(null=True, blank=True)
+    outcome = models.CharField(max_length=8, choices=Outcome.choices, default=Outcome.DONE)
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+    note = models.TextField(blank=True)
+    # The same operator request recorded twice (a double submit) is one row.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+
+    class Meta:
+        ordering = ("-at", "-id")
+        indexes = [
+            models.Index(fields=["at", "id"], name="operatoraction_time"),
+            models.Index(fields=["org", "at"], name="operatoraction_org_time"),
+            models.Index(
+                fields=["job_id", "at"],
+                name="operatoraction_job_time",
+                condition=Q(job_id__isnull=False),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="operatoraction_idempotency_key",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.actor} {self.action} {self.target_type} {self.target_id}"

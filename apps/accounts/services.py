@@ -89,7 +89,10 @@ def issue_api_key(
 
 
 def revoke_api_key(api_key: APIKey) -> APIKey:
-    """Revoke once; revoking again keeps the first revocation time."""
+    """Revoke once (revoking again keeps the first time); see KeyCache for the delay."""
+    from apps.accounts.authentication import key_cache
+
     APIKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     api_key.refresh_from_db(fields=["revoked_at"])
+    key_cache.forget(api_key.digest)
     return api_key

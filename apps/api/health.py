@@ -1,13 +1,11 @@
 """Liveness, readiness and Prometheus metrics endpoints (no auth: for probes and scrapers)."""
 
-import os
-
 import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
-from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+
+from apps.api import metrics as exposition
 
 
 def healthz(request):
@@ -37,10 +35,6 @@ def readyz(request):
 
 
 def metrics(request):
-    """Prometheus exposition; aggregates gunicorn's processes in multiprocess mode."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-    else:
-        registry = DEFAULT_REGISTRY
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    """Prometheus exposition; adds up gunicorn's processes in multiprocess mode."""
+    body, content_type = exposition.render()
+    return HttpResponse(body, content_type=content_type)

@@ -55,7 +55,9 @@ class Job(models.Model):
     # Admission.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     request_digest = models.CharField(max_length=64, blank=True)
-    # HOLD_FIELD_PLACEHOLDER
+    hold = models.OneToOneField(
+        "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="job"
+    )
     reused_from = models.ForeignKey(
         "self",
         null=True,
@@ -106,8 +108,7 @@ class Job(models.Model):
                 condition=Q(progress__gte=0, progress__lte=1), name="job_progress_fraction"
             ),
             models.CheckConstraint(
-                condition=Q(finished_at__isnull=True)
-                | Q(status__in=[s.value for s in TERMINAL_STATUSES]),
+                condition=Q(finished_at__isnull=True) | Q(status__in=sorted(TERMINAL_STATUSES)),
                 name="job_finished_only_when_terminal",
             ),
         ]
@@ -224,7 +225,11 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ("at", "id")
-        indexes = [models.Index(fields=["job", "at"], name="jobevent_job_at")]
+        indexes = [
+            models.Index(fields=["job", "at"], name="jobevent_job_at"),
+            # The audit trail reads every job's events newest first.
+            models.Index(fields=["at", "id"], name="jobevent_at"),
+        ]
 
     def __str__(self):
         return f"{self.job_id}: {self.from_status or '∅'} → {self.to_status}"

@@ -159,7 +159,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('finished_at__isnull', True), ('status__in', ['timed_out', 'failed', 'cancelled', 'succeeded']), _connector='OR'), name='job_finished_only_when_terminal'),
+            constraint=models.CheckConstraint(condition=models.Q(('finished_at__isnull', True), ('status__in', ['cancelled', 'failed', 'succeeded', 'timed_out']), _connector='OR'), name='job_finished_only_when_terminal'),
         ),
         migrations.AddConstraint(
             model_name='attempt',

@@ -9,11 +9,21 @@ second caller fail before it gets there).
     running → preempting → queued            (resume from checkpoint)
     scheduled | running → queued             (lost lease or retryable failure)
     queued | scheduled → cancelled | failed  (cancel before start; dead letter)
+
+Two follow-ups ride on a transition, in the same transaction:
+
+- a terminal status queues the job's webhook (if it has one) once the transaction
+  commits (apps.jobs.services.webhooks);
+- a job that was asked to cancel while running or preempting (`cancel_requested`) and
+  comes back to `queued` (preempted, lost lease, retryable failure) is cancelled at once
+  (a second transition, queued → cancelled, with its own event) instead of waiting in
+  the queue to run again: the caller gets the cancelled job back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 
 from django.db import transaction
 from django.db.models.functions import Now
@@ -86,6 +96,18 @@ def transition(
         job.refresh_from_db()
         if to in TERMINAL_STATUSES:
             close_hold(job, reason=f"{to}: {reason}", attempt=attempt)
+            if job.webhook_url:
+                from apps.jobs.services.webhooks import enqueue_delivery
+
+                transaction.on_commit(partial(enqueue_delivery, job.id))
+        elif to == S.QUEUED and job.cancel_requested:
+            return transition(
+                job.id,
+                to=S.CANCELLED,
+                reason="cancelled: cancel was requested before the job was requeued",
+                actor=actor,
+                only_from=[S.QUEUED],
+            )
         return job
 
 

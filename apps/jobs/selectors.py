@@ -1,0 +1,153 @@
+"""Reads of jobs, scoped to the caller, and the small cached reads of the submission path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Count, QuerySet
+from django.shortcuts import get_object_or_404
+
+from apps.jobs.models import Job, JobEvent, JobStatus
+from apps.scheduler.models import GpuType
+
+OUTSTANDING_STATUSES = (
+    JobStatus.QUEUED,
+    JobStatus.SCHEDULED,
+    JobStatus.RUNNING,
+    JobStatus.PREEMPTING,
+)
+
+
+@dataclass(frozen=True)
+class GpuTypeInfo:
+    name: str
+    memory_gb: int
+    price_per_gpu_hour: int
+
+
+class _GpuTypeCache:
+    """GPU types per process for GANTRY_GPU_TYPE_CACHE_S: read on every submission."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._types: dict[str, GpuTypeInfo] | None = None
+        self._loaded_at = 0.0
+
+    def get(self, *, refresh: bool = False) -> dict[str, GpuTypeInfo]:
+        now = time.monotonic()
+        with self._lock:
+            fresh = now - self._loaded_at < settings.GANTRY_GPU_TYPE_CACHE_S
+            if self._types is not None and fresh and not refresh:
+                return self._types
+        types = {
+            row.name: GpuTypeInfo(row.name, row.memory_gb, row.price_per_gpu_hour)
+            for row in GpuType.objects.all()
+        }
+        with self._lock:
+            self._types, self._loaded_at = types, now
+        return types
+
+    def clear(self) -> None:
+        with self._lock:
+            self._types, self._loaded_at = None, 0.0
+
+
+_gpu_types = _GpuTypeCache()
+
+
+def gpu_types(*, refresh: bool = False) -> dict[str, GpuTypeInfo]:
+    """Every GPU type by name (cached briefly; `refresh` reads the database now)."""
+    return _gpu_types.get(refresh=refresh)
+
+
+def clear_gpu_type_cache() -> None:
+    _gpu_types.clear()
+
+
+def visible_jobs(principal) -> QuerySet[Job]:
+    """The jobs a key may read: its org's, narrowed to its project when the key is."""
+    jobs = Job.objects.select_related("hold")
+    if principal.is_operator:
+        return jobs
+    jobs = jobs.filter(org_id=principal.org_id)
+    if principal.project_id:
+        jobs = jobs.filter(project_id=principal.project_id)
+    return jobs
+
+
+def job_for(principal, job_id) -> Job:
+    """The job if the caller may see it; 404 otherwise (never 403: no existence leak)."""
+    return get_object_or_404(visible_jobs(principal), pk=job_id)
+
+
+def jobs_listing(principal, *, status: str | None = None, project_id=None) -> QuerySet[Job]:
+    jobs = visible_jobs(principal)
+    if status:
+        jobs = jobs.filter(status=status)
+    if project_id:
+        jobs = jobs.filter(project_id=project_id)
+    return jobs
+
+
+def job_events(job: Job) -> QuerySet[JobEvent]:
+    return JobEvent.objects.filter(job=job).order_by("at", "id")
+
+
+def submission_request_id(job_id) -> str | None:
+    """The X-Request-Id of the API request that submitted the job (None if none did)."""
+    value = (
+        JobEvent.objects.filter(job_id=job_id, from_status="")
+        .values_list("data__request_id", flat=True)
+        .first()
+    )
+    return value if isinstance(value, str) else None
+
+
+def queued_count(org_id) -> int:
+    """The org's jobs waiting in the queue (what max_queued limits)."""
+    return Job.objects.filter(org_id=org_id, status=JobStatus.QUEUED).count()
+
+
+def outstanding_counts(org_id) -> dict[str, int]:
+    """The org's unfinished jobs by status (one grouped query)."""
+    rows = (
+        Job.objects.filter(org_id=org_id, status__in=OUTSTANDING_STATUSES)
+        .values("status")
+        .annotate(n=Count("id"))
+    )
+    counts = dict.fromkeys(OUTSTANDING_STATUSES, 0)
+    counts.update({row["status"]: row["n"] for row in rows})
+    return counts
+
+
+def platform_queue_depth() -> int:
+    """Queued jobs across the platform (the overload signal for shedding the free tier)."""
+    return Job.objects.filter(status=JobStatus.QUEUED).count()
+
+
+def dedup_source(org_id, fingerprint: str) -> Job | None:
+    """The org's latest successful job with this fingerprint and a stored result."""
+    return (
+        Job.objects.filter(org_id=org_id, fingerprint=fingerprint, status=JobStatus.SUCCEEDED)
+        .exclude(result_path="")
+        .order_by("-finished_at", "-id")
+        .first()
+    )
+
+
+def webhooks_to_redeliver(*, finished_after, finished_before, limit: int) -> list:
+    """Ids of terminal jobs with a webhook whose delivery has no recorded outcome."""
+    from django.db.models import Exists, OuterRef
+
+    outcome = JobEvent.objects.filter(
+        job=OuterRef("pk"), data__webhook__in=["delivered", "gave_up", "refused"]
+    )
+    return list(
+        Job.objects.filter(finished_at__gte=finished_after, finished_at__lt=finished_before)
+        .exclude(webhook_url="")
+        .filter(~Exists(outcome))
+        .values_list("id", flat=True)[:limit]
+    )

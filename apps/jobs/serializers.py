@@ -1,0 +1,187 @@
+"""The job body of API.md, and validation of submissions and list filters."""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+from rest_framework import serializers
+
+from apps.jobs.models import Job, JobEvent, JobStatus
+from apps.jobs.services import results
+
+
+def iso(value) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def job_body(job: Job) -> dict:
+    """The job as API.md shows it (plus its spec). Builds a fresh signed result link."""
+    hold = job.hold if job.hold_id else None
+    result = None
+    if job.result_path:
+        link = results.signed_result_link(job)
+        result = {"url": link.url, "expires_at": iso(link.expires_at)}
+    return {
+        "id": str(job.id),
+        "status": job.status,
+        "tier": job.tier,
+        "project": str(job.project_id),
+        "user": str(job.user_id) if job.user_id else None,
+        "progress": job.progress,
+        "params": job.params,
+        "resources": {
+            "gpu_count": job.gpu_count,
+            "gpu_types": list(job.gpu_types),
+            "min_gpu_memory_gb": job.min_gpu_memory_gb,
+        },
+        "max_runtime_s": job.max_runtime_s,
+        "preemptible": job.preemptible,
+        "webhook_url": job.webhook_url or None,
+        "gpu_type": job.gpu_type or None,
+        "attempts": job.attempt_count,
+        "preemptions": job.preemption_count,
+        "cancel_requested": job.cancel_requested,
+        "reused_from": str(job.reused_from_id) if job.reused_from_id else None,
+        "hold": None
+        if hold is None
+        else {
+            "id": str(hold.id),
+            "amount": hold.amount,
+            "charged": hold.captured,
+            "refunded": hold.refunded,
+            "state": hold.state,
+        },
+        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
+        "result": result,
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
+    }
+
+
+class HoldSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    amount = serializers.IntegerField(help_text="Micro-credits held.")
+    charged = serializers.IntegerField()
+    refunded = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=["active", "settled", "released", "expired"])
+
+
+class ErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ResultLinkSerializer(serializers.Serializer):
+    url = serializers.URLField()
+    expires_at = serializers.DateTimeField()
+
+
+class ResourcesSerializer(serializers.Serializer):
+    gpu_count = serializers.IntegerField(min_value=1, max_value=8, default=1)
+    gpu_types = serializers.ListField(
+        child=serializers.CharField(max_length=32),
+        required=False,
+        max_length=32,
+        help_text="Allowed GPU types, most preferred first; empty or absent: any.",
+    )
+    min_gpu_memory_gb = serializers.IntegerField(min_value=0, max_value=1_000_000, default=0)
+
+    def to_internal_value(self, data):
+        _refuse_unknown_fields(self, data)
+        return super().to_internal_value(data)
+
+
+class JobSerializer(serializers.Serializer):
+    """Read-only: the job body (API.md)."""
+
+    id = serializers.CharField()
+    status = serializers.ChoiceField(choices=JobStatus.choices)
+    tier = serializers.CharField()
+    project = serializers.CharField()
+    user = serializers.CharField(allow_null=True)
+    progress = serializers.FloatField()
+    params = serializers.DictField()
+    resources = ResourcesSerializer()
+    max_runtime_s = serializers.IntegerField()
+    preemptible = serializers.BooleanField()
+    webhook_url = serializers.CharField(allow_null=True)
+    gpu_type = serializers.CharField(allow_null=True)
+    attempts = serializers.IntegerField()
+    preemptions = serializers.IntegerField()
+    cancel_requested = serializers.BooleanField()
+    reused_from = serializers.CharField(allow_null=True)
+    hold = HoldSerializer(allow_null=True)
+    error = ErrorSerializer(allow_null=True)
+    result = ResultLinkSerializer(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+    def to_representation(self, instance):
+        return job_body(instance)
+
+
+def _refuse_unknown_fields(serializer: serializers.Serializer, data) -> None:
+    if isinstance(data, dict):
+        unknown = sorted(set(data) - set(serializer.fields))
+        if unknown:
+            raise serializers.ValidationError({unknown[0]: ["Unknown field."]})
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """The body of POST /v1/jobs (the Idempotency-Key header is required)."""
+
+    project = serializers.CharField(
+        required=False, max_length=200, help_text="Project id or name (default: the key's)."
+    )
+    params = serializers.DictField(help_text="Passed to the generator as JSON.")
+    resources = ResourcesSerializer(required=False)
+    max_runtime_s = serializers.IntegerField(
+        min_value=1, help_text="Seconds; the credit hold covers this on the priciest type."
+    )
+    preemptible = serializers.BooleanField(default=True)
+    webhook_url = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["Expected a JSON object."]})
+        _refuse_unknown_fields(self, data)
+        return super().to_internal_value(data)
+
+
+class JobListFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=JobStatus.values, required=False)
+    project = serializers.CharField(required=False, max_length=200)
+    cursor = serializers.CharField(required=False)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=500)
+
+
+class JobEventSerializer(serializers.Serializer):
+    """One event: {"at", "from", "to", "reason", "actor"}; `from` is null for creation."""
+
+    at = serializers.DateTimeField()
+    reason = serializers.CharField()
+    actor = serializers.CharField()
+
+    def to_representation(self, event: JobEvent) -> dict:
+        return {
+            "at": iso(event.at),
+            "from": event.from_status or None,
+            "to": event.to_status,
+            "reason": event.reason,
+            "actor": event.actor,
+        }
+
+
+# `from` is a Python keyword: declared for the schema after the class body.
+JobEventSerializer._declared_fields["from"] = serializers.CharField(allow_null=True)
+JobEventSerializer._declared_fields["to"] = serializers.CharField()
+
+
+class WebhookSecretSerializer(serializers.Serializer):
+    secret = serializers.CharField()
+    signature_header = serializers.CharField()
+    scheme = serializers.CharField()

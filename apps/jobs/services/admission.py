@@ -1,0 +1,239 @@
+"""Admission control: per-org and per-tier rate limits, overload shedding, queue quotas.
+
+Rate limits are token buckets in Redis, checked and drawn by one Lua script so that
+concurrent API processes never overspend a bucket (Redis's own clock, one clock for all
+processes). A submission draws one token from its org's bucket and, when its tier has a
+tier-wide bucket (settings.GANTRY_TIER_AGGREGATE_RATE, by default only the free tier),
+from that too; it is refused unless both have a token, and then neither is drawn.
+
+Under sustained overload the free tier is shed first: its tier-wide bucket caps the rate
+of all free submissions together, and once the platform-wide queue passes
+GANTRY_SHED_FREE_QUEUE_DEPTH free submissions get 429 while paid and enterprise
+submissions are admitted as before.
+
+Redis holds only rebuildable state: if it is unreachable, submissions are admitted
+(fail open) and the failure is logged; quotas, credits and budgets are still enforced by
+PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+from django.db import connection
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from apps.accounts.models import Org, Tier
+from apps.api.errors import RateLimited
+from apps.jobs import metrics, selectors
+
+logger = logging.getLogger(__name__)
+
+# KEYS: bucket keys. ARGV: cost, then rate_per_s and burst for each key in order.
+# Answers 0 when every bucket had `cost` tokens (and draws them), else the milliseconds
+# until the emptiest one will have them (and draws nothing).
+RATE_LIMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local cost = tonumber(ARGV[1])
+local tokens = {}
+local wait = 0
+for i = 1, #KEYS do
+  local rate = tonumber(ARGV[2 * i])
+  local burst = tonumber(ARGV[2 * i + 1])
+  local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local level = tonumber(state[1])
+  local ts = tonumber(state[2])
+  if level == nil or ts == nil then
+    level = burst
+    ts = now
+  end
+  level = math.min(burst, level + math.max(0, now - ts) * rate)
+  tokens[i] = level
+  if level < cost then
+    wait = math.max(wait, (cost - level) / rate)
+  end
+end
+if wait > 0 then
+  return math.ceil(wait * 1000)
+end
+for i = 1, #KEYS do
+  local rate = tonumber(ARGV[2 * i])
+  local burst = tonumber(ARGV[2 * i + 1])
+  redis.call('HSET', KEYS[i], 'tokens', tokens[i] - cost, 'ts', now)
+  redis.call('PEXPIRE', KEYS[i], math.ceil(burst / rate * 1000) + 1000)
+end
+return 0
+"""
+
+QUEUE_DEPTH_KEY = "gantry:admission:queue_depth"
+QUEUE_DEPTH_TTL_MS = 1000
+
+# While Redis is unreachable, admission skips it for this long instead of paying a
+# connect timeout on every submission.
+REDIS_BACKOFF_S = 5.0
+
+_client: redis.Redis | None = None
+_bucket_script = None
+_redis_down_until = 0.0
+
+
+def redis_client() -> redis.Redis:
+    """The jobs app's Redis client for hot, rebuildable state (short timeouts, no retry)."""
+    global _client, _bucket_script
+    if _client is None:
+        client = redis.Redis.from_url(
+            settings.REDIS_URL,
+            socket_timeout=0.5,
+            socket_connect_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
+        )
+        # The script first: a thread that sees the client must also see the script.
+        _bucket_script = client.register_script(RATE_LIMIT_LUA)
+        _client = client
+    return _client
+
+
+def _redis_available() -> bool:
+    return time.monotonic() >= _redis_down_until
+
+
+def _redis_failed(exc: Exception, what: str) -> None:
+    global _redis_down_until
+    _redis_down_until = time.monotonic() + REDIS_BACKOFF_S
+    logger.warning("%s skipped for %ss (Redis unavailable): %s", what, REDIS_BACKOFF_S, exc)
+
+
+@dataclass(frozen=True)
+class OrgLimits:
+    """The org's effective limits: its overrides, else its tier's defaults."""
+
+    max_queued: int
+    max_running: int
+    rate_per_s: float
+    burst: int
+
+
+def org_limits(org: Org) -> OrgLimits:
+    """Limits of `org` (per-org overrides on Org win over settings.GANTRY_TIER_DEFAULTS)."""
+    defaults = settings.GANTRY_TIER_DEFAULTS[org.tier]
+    return OrgLimits(
+        max_queued=_first_set(org.max_queued_jobs, defaults["max_queued"]),
+        max_running=_first_set(org.max_running_jobs, defaults["max_running"]),
+        rate_per_s=float(_first_set(org.rate_per_s, defaults["rate_per_s"])),
+        burst=int(_first_set(org.rate_burst, defaults["burst"])),
+    )
+
+
+def _first_set(value, default):
+    return default if value is None else value
+
+
+def org_bucket_key(org_id) -> str:
+    return f"gantry:ratelimit:org:{org_id}"
+
+
+def tier_bucket_key(tier: str) -> str:
+    return f"gantry:ratelimit:tier:{tier}"
+
+
+def check_rate(org: Org, *, cost: int = 1) -> None:
+    """Draw `cost` submissions from the org's (and its tier's) bucket, or raise 429.
+
+    The 429 carries Retry-After: the whole seconds until the bucket refills enough.
+    """
+    limits = org_limits(org)
+    keys = [org_bucket_key(org.id)]
+    args: list = [cost, limits.rate_per_s, max(limits.burst, cost)]
+    aggregate = settings.GANTRY_TIER_AGGREGATE_RATE.get(org.tier)
+    if aggregate:
+        keys.append(tier_bucket_key(org.tier))
+        args += [float(aggregate["rate_per_s"]), max(int(aggregate["burst"]), cost)]
+    if not _redis_available():
+        return
+    try:
+        redis_client()
+        wait_ms = int(_bucket_script(keys=keys, args=args))
+    except (redis.RedisError, OSError) as exc:
+        _redis_failed(exc, "rate limiting")
+        return
+    if wait_ms > 0:
+        metrics.count_refusal(tier=org.tier, reason="rate_limited")
+        raise RateLimited(
+            f"Too many submissions; retry in {math.ceil(wait_ms / 1000)} s.",
+            retry_after=max(1, math.ceil(wait_ms / 1000)),
+        )
+
+
+def check_overload(org: Org) -> None:
+    """Shed the free tier (429) while the platform-wide queue is deeper than the threshold.
+
+    Paid and enterprise submissions never pay for this check and are never refused by it.
+    """
+    if org.tier != Tier.FREE:
+        return
+    if queue_depth() > settings.GANTRY_SHED_FREE_QUEUE_DEPTH:
+        metrics.count_refusal(tier=org.tier, reason="overloaded")
+        raise RateLimited(
+            "The platform is busy; free-tier submissions are paused. Retry later.",
+            code="overloaded",
+            retry_after=settings.GANTRY_SHED_RETRY_AFTER_S,
+        )
+
+
+def queue_depth() -> int:
+    """Platform-wide queued jobs, cached in Redis for a second (one count per second)."""
+    client = redis_client() if _redis_available() else None
+    if client is not None:
+        try:
+            cached = client.get(QUEUE_DEPTH_KEY)
+            if cached is not None:
+                return int(cached)
+        except (redis.RedisError, OSError) as exc:
+            _redis_failed(exc, "queue depth cache")
+            client = None
+    depth = selectors.platform_queue_depth()
+    if client is not None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            client.set(QUEUE_DEPTH_KEY, depth, px=QUEUE_DEPTH_TTL_MS)
+    return depth
+
+
+def admit(org: Org) -> None:
+    """The Redis half of admission, in the documented order: rate limit, then overload."""
+    check_rate(org)
+    check_overload(org)
+
+
+def check_queue_quota(org: Org, *, queued: int | None = None) -> None:
+    """Refuse (429) a submission that would take the org past its max_queued jobs.
+
+    Call inside the submission transaction (`queued`: the org's queued jobs if the
+    caller already counted them). Far below the limit the count is a plain read;
+    within GANTRY_QUOTA_LOCK_MARGIN of it, the org's submissions serialise on a
+    transaction-scoped advisory lock and recount, so concurrent submissions cannot
+    overshoot the limit.
+    """
+    limit = org_limits(org).max_queued
+    if queued is None:
+        queued = selectors.queued_count(org.id)
+    if queued + settings.GANTRY_QUOTA_LOCK_MARGIN >= limit:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"quota|{org.id}"]
+            )
+        queued = selectors.queued_count(org.id)
+    if queued >= limit:
+        metrics.count_refusal(tier=org.tier, reason="quota_exceeded")
+        raise RateLimited(
+            f"The org already has {queued} queued jobs (limit {limit}).",
+            code="quota_exceeded",
+            retry_after=settings.GANTRY_QUOTA_RETRY_AFTER_S,
+        )

@@ -1,0 +1,181 @@
+"""Recovery: what the periodic beat does when a worker, a message or a finish went missing.
+
+Every service here is safe to run twice at once and to be killed at any point: each item
+is handled in its own transaction that locks the job row first and changes the attempt
+only through a guarded UPDATE (state and lease re-checked under the lock), so a second
+runner finds nothing left to do and a killed one leaves each item done or untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from apps.jobs.models import (
+    TERMINAL_STATUSES,
+    Attempt,
+    AttemptState,
+    ExitClass,
+    GpuAssignment,
+    Job,
+    JobStatus,
+)
+from apps.jobs.services import lifecycle, runner
+from apps.scheduler.wakeup import wake_dispatcher
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "recovery"
+LOST_MESSAGE = "The attempt's lease expired: its worker stopped heartbeating (lost)."
+
+
+@dataclass(frozen=True)
+class Reaped:
+    attempt_id: str
+    job_id: str
+    job_status: str
+
+
+def reap_expired_leases(*, limit: int = 200) -> list[Reaped]:
+    """Finish every running attempt whose lease expired (database clock) as `lost`.
+
+    Its worker is dead: the attempt is finished, its GPUs released, the usage it had
+    reported stays charged (metered into the hold), and the job goes back to the queue
+    with its checkpoint while failed attempts are fewer than max_attempts, else to
+    `failed` (error_code "dead_letter"). A job being preempted goes back to the queue; a
+    job asked to cancel is cancelled. Returns what this call reaped.
+    """
+    due = list(
+        Attempt.objects.filter(state__in=runner.LIVE_ATTEMPT_STATES, lease_expires_at__lt=Now())
+        .order_by("lease_expires_at", "pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    reaped = []
+    for attempt_id in due:
+        outcome = reap_attempt(attempt_id)
+        if outcome is not None:
+            reaped.append(outcome)
+    return reaped
+
+
+def reap_attempt(attempt_id) -> Reaped | None:
+    """Reap one attempt if its lease has expired; None if it is alive or already reaped."""
+    job_id = Attempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+    if job_id is None:
+        return None
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        lost = Attempt.objects.filter(
+            pk=attempt_id, state__in=runner.LIVE_ATTEMPT_STATES, lease_expires_at__lt=Now()
+        ).update(
+            state=AttemptState.FINISHED,
+            exit_class=ExitClass.LOST,
+            error_message=LOST_MESSAGE,
+            finished_at=Now(),
+        )
+        if not lost:
+            return None
+        GpuAssignment.objects.filter(attempt_id=attempt_id, released_at__isnull=True).update(
+            released_at=Now()
+        )
+        attempt = Attempt.objects.select_related("node").get(pk=attempt_id)
+        if job.status not in TERMINAL_STATUSES:  # else only the attempt and GPUs were left
+            job = _move_lost_job_on(job, attempt)
+        wake_dispatcher()
+    runner.record_decayed_usage(attempt)
+    runner.ATTEMPTS.labels(ExitClass.LOST).inc()
+    logger.warning("reaped lost attempt %s of job %s → %s", attempt_id, job_id, job.status)
+    return Reaped(str(attempt_id), str(job_id), job.status)
+
+
+def _move_lost_job_on(job: Job, attempt: Attempt) -> Job:
+    """The next status of a job whose attempt was just reaped (inside reap_attempt)."""
+    data = {"attempt": attempt.number, "exit_class": ExitClass.LOST, "node": attempt.node.name}
+    checkpoint = {"checkpoint_ref": attempt.checkpoint_ref} if attempt.checkpoint_ref else {}
+    move = partial(runner.transition_after_attempt, job, attempt, actor=ACTOR, data=data)
+    if job.cancel_requested:
+        return move(to=JobStatus.CANCELLED, reason="cancelled; its worker was lost")
+    if job.status == JobStatus.PREEMPTING:
+        runner.meter_attempt_usage(job, attempt)
+        return move(
+            to=JobStatus.QUEUED,
+            reason="preempted; its worker was lost while stopping",
+            changes={"preemption_count": F("preemption_count") + 1, **checkpoint},
+        )
+    return runner.requeue_or_fail(
+        job, attempt, reason=LOST_MESSAGE, actor=ACTOR, data=data, changes=checkpoint
+    )
+
+
+def close_stranded_holds(*, limit: int = 200) -> int:
+    """Close the active holds of finished jobs (the finish never reached the ledger).
+
+    A job that never started has its hold released; one that ran is settled at the
+    usage its attempts recorded (each attempt's figure is metered first, so nothing it
+    reported is lost). Also ends jobs whose hold the ledger expired before they finished
+    (`failed`, error_code "hold_expired"): they can no longer be paid for. Returns the
+    number of jobs handled.
+    """
+    from apps.ledger.models import HoldState
+
+    stranded = list(
+        Job.objects.filter(
+            Q(status__in=TERMINAL_STATUSES, hold__state=HoldState.ACTIVE)
+            | (~Q(status__in=TERMINAL_STATUSES) & ~Q(hold__state=HoldState.ACTIVE)),
+            hold__isnull=False,
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    handled = 0
+    for job_id in stranded:
+        handled += bool(close_stranded_hold(job_id))
+    return handled
+
+
+def close_stranded_hold(job_id) -> bool:
+    """Close one stranded hold (see close_stranded_holds); False if nothing was left to do."""
+    from apps.ledger.models import HoldState
+
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.hold_id is None:
+            return False
+        hold_state = job.hold.state
+        if job.status in TERMINAL_STATUSES:
+            if hold_state != HoldState.ACTIVE:
+                return False
+            for attempt in job.attempts.filter(started_at__isnull=False, charged__gt=0):
+                runner.meter_attempt_usage(job, attempt)
+            lifecycle.close_hold(job, reason=f"{job.status}: recovered by {ACTOR}", attempt=None)
+            return True
+        if hold_state == HoldState.ACTIVE:
+            return False
+        # A placed but unclaimed attempt would keep its GPUs: close it with the job.
+        unclaimed = list(job.attempts.filter(state=AttemptState.SCHEDULED))
+        Attempt.objects.filter(pk__in=[a.pk for a in unclaimed]).update(
+            state=AttemptState.FINISHED,
+            exit_class=ExitClass.KILLED,
+            error_message="never started: the job's credit hold expired",
+            finished_at=Now(),
+        )
+        GpuAssignment.objects.filter(attempt__in=unclaimed, released_at__isnull=True).update(
+            released_at=Now()
+        )
+        lifecycle.transition(
+            job.pk,
+            to=JobStatus.FAILED,
+            reason=f"its credit hold was {hold_state} before the job finished",
+            actor=ACTOR,
+            changes={
+                "error_code": "hold_expired",
+                "error_message": "The job's credit hold expired before it could finish.",
+            },
+        )
+        wake_dispatcher()
+        return True

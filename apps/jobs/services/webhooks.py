@@ -1,0 +1,323 @@
+"""Webhooks: target checks (SSRF), signing, and one delivery try with its retry decision.
+
+Scheme. On every terminal status the job body (exactly what `GET /v1/jobs/{id}` answers)
+is POSTed as JSON with these headers:
+
+    X-Gantry-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
+    X-Gantry-Event:     job.<status>
+    X-Gantry-Delivery:  <job id>.<status>   (the same on every retry: deduplicate on it)
+
+The secret is per org, derived from settings.GANTRY_WEBHOOK_SIGNING_KEY (an org reads
+it at `GET /v1/webhooks/secret`; changing the master key rotates every org's secret).
+A receiver recomputes the HMAC over the raw body bytes, compares in constant time and
+refuses a `t` older than a few minutes (replay protection); see verify_signature().
+
+Targets must be https (http only with GANTRY_WEBHOOK_ALLOW_HTTP) and every address the
+host resolves to must be globally routable: loopback, private, link-local (which holds
+the cloud metadata address), CGNAT, multicast and reserved ranges are refused at
+submission and again at each delivery, unless the host is named in
+GANTRY_WEBHOOK_ALLOWED_HOSTS. A delivery connects to the address it checked (no second
+DNS lookup to rebind), never follows redirects, and is bounded by
+GANTRY_WEBHOOK_TIMEOUT_S so a slow endpoint cannot hold a worker for long.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import json
+import logging
+import random
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from apps.api.errors import GantryError
+from apps.jobs.models import Job
+
+logger = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Gantry-Signature"
+SIGNATURE_TOLERANCE_S = 300
+USER_AGENT = "Gantry-Webhooks/1"
+
+
+class UnsafeWebhookTarget(GantryError):
+    code = "invalid"
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    scheme: str
+    host: str
+    port: int
+    path: str
+    address: str  # the checked address the delivery connects to
+
+
+def webhook_secret(org_id) -> str:
+    """The org's webhook signing secret (derived, so nothing secret is stored per org)."""
+    digest = hmac.new(
+        settings.GANTRY_WEBHOOK_SIGNING_KEY.encode(),
+        f"gantry-webhook-secret:{org_id}".encode(),
+        hashlib.sha256,
+    ).hexdigest()
+    return f"whsec_{digest}"
+
+
+def sign(secret: str, body: bytes, *, timestamp: int) -> str:
+    """The X-Gantry-Signature value for `body` sent at `timestamp` (unix seconds)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"
+
+
+def verify_signature(
+    secret: str, body: bytes, header: str, *, tolerance_s: int = SIGNATURE_TOLERANCE_S
+) -> bool:
+    """What a receiver does: check the HMAC over the raw body and that `t` is recent."""
+    try:
+        parts = dict(item.split("=", 1) for item in header.split(","))
+        timestamp = int(parts["t"])
+        given = parts["v1"]
+    except (KeyError, ValueError):
+        return False
+    if abs(time.time() - timestamp) > tolerance_s:
+        return False
+    expected = sign(secret, body, timestamp=timestamp).split("v1=", 1)[1]
+    return hmac.compare_digest(expected, given)
+
+
+def _address_is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    # is_global is False for loopback, RFC 1918, link-local (169.254.169.254 metadata),
+    # CGNAT 100.64/10, unique-local fc00::/7, documentation and reserved ranges.
+    return ip.is_global and not ip.is_multicast
+
+
+def check_target(url: str) -> WebhookTarget:
+    """Parse and vet a webhook URL; raise UnsafeWebhookTarget (400, field webhook_url)."""
+
+    def refuse(message: str):
+        raise UnsafeWebhookTarget(f"webhook_url: {message}", field="webhook_url")
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        refuse("not a valid URL.")
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http"):
+        refuse("must be an https URL.")
+    if scheme == "http" and not settings.GANTRY_WEBHOOK_ALLOW_HTTP:
+        refuse("must be https (plain http is not allowed here).")
+    host = (parts.hostname or "").lower()
+    if not host:
+        refuse("has no host.")
+    if parts.username or parts.password:
+        refuse("must not carry credentials.")
+    port = port or (443 if scheme == "https" else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        refuse(f"host {host!r} does not resolve.")
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not addresses:
+        refuse(f"host {host!r} does not resolve.")
+    if host not in {h.lower() for h in settings.GANTRY_WEBHOOK_ALLOWED_HOSTS}:
+        blocked = [a for a in addresses if not _address_is_public(a)]
+        if blocked:
+            refuse(f"host {host!r} resolves to a non-public address ({blocked[0]}).")
+    return WebhookTarget(scheme=scheme, host=host, port=port, path=path, address=addresses[0])
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """Connects to the address that was checked, not to a fresh DNS answer."""
+
+    def __init__(self, target: WebhookTarget, timeout: float):
+        super().__init__(target.host, target.port, timeout=timeout)
+        self._address = target.address
+
+    def connect(self):
+        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, target: WebhookTarget, timeout: float):
+        super().__init__(
+            target.host, target.port, timeout=timeout, context=ssl.create_default_context()
+        )
+        self._address = target.address
+
+    def connect(self):
+        sock = socket.create_connection((self._address, self.port), self.timeout)
+        # Certificate and SNI are checked against the host name, not the address.
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+
+def post_signed(target: WebhookTarget, *, body: bytes, secret: str, headers: dict) -> int:
+    """POST once to the pinned address; the HTTP status, or raise OSError on failure."""
+    timeout = settings.GANTRY_WEBHOOK_TIMEOUT_S
+    conn_class = _PinnedHTTPSConnection if target.scheme == "https" else _PinnedHTTPConnection
+    conn = conn_class(target, timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        conn.request(
+            "POST",
+            target.path,
+            body=body,
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": USER_AGENT,
+                SIGNATURE_HEADER: sign(secret, body, timestamp=int(time.time())),
+                **headers,
+            },
+        )
+        response = conn.getresponse()
+        # Read a bounded amount: a drip-feeding endpoint is cut off by the deadline.
+        while time.monotonic() < deadline and response.read(8192):
+            pass
+        return response.status
+    except (http.client.HTTPException, ssl.SSLError) as exc:
+        raise OSError(f"{exc.__class__.__name__}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def backoff_s(tries_done: int) -> float:
+    """Exponential backoff with jitter after `tries_done` failed tries (1 → base)."""
+    base = settings.GANTRY_WEBHOOK_BACKOFF_BASE_S
+    delay = min(settings.GANTRY_WEBHOOK_BACKOFF_MAX_S, base * 2 ** max(0, tries_done - 1))
+    return delay * random.uniform(0.8, 1.2)
+
+
+@dataclass(frozen=True)
+class DeliveryOutcome:
+    """`retry_in` is set when the caller should try again after that many seconds."""
+
+    delivered: bool
+    retry_in: float | None
+    detail: str
+
+
+def deliver_job_webhook(job_id, *, try_number: int) -> DeliveryOutcome:
+    """Make delivery try `try_number` (1-based) of the job's terminal webhook.
+
+    Guarantee: at most one recorded outcome per job (delivered, gave_up or refused, a
+    JobEvent note), so running this again after success sends nothing. The target is
+    re-checked (SSRF) before every try; a refused target is not retried. A failure
+    (connection error, timeout, non-2xx) asks for a retry after exponential backoff
+    until GANTRY_WEBHOOK_MAX_TRIES, then gives up.
+    """
+    from apps.jobs.serializers import job_body
+    from apps.jobs.services.lifecycle import record_event
+
+    job = Job.objects.select_related("hold").filter(pk=job_id).first()
+    if job is None or not job.webhook_url or not job.is_terminal:
+        return DeliveryOutcome(delivered=False, retry_in=None, detail="nothing to deliver")
+    if job.events.filter(data__webhook__in=["delivered", "gave_up", "refused"]).exists():
+        return DeliveryOutcome(delivered=False, retry_in=None, detail="already settled")
+    host = urlsplit(job.webhook_url).hostname or ""
+    try:
+        target = check_target(job.webhook_url)
+    except UnsafeWebhookTarget as exc:
+        record_event(
+            job,
+            reason=f"webhook refused at delivery: {exc.message}",
+            actor="webhooks",
+            data={"webhook": "refused", "tries": try_number},
+        )
+        return DeliveryOutcome(delivered=False, retry_in=None, detail=exc.message)
+    body = json.dumps(job_body(job), separators=(",", ":")).encode()
+    try:
+        status = post_signed(
+            target,
+            body=body,
+            secret=webhook_secret(job.org_id),
+            headers={
+                "X-Gantry-Event": f"job.{job.status}",
+                "X-Gantry-Delivery": f"{job.id}.{job.status}",
+            },
+        )
+        detail = f"HTTP {status}"
+        ok = 200 <= status < 300
+    except OSError as exc:
+        detail, ok = f"{exc.__class__.__name__}: {exc}", False
+    if ok:
+        record_event(
+            job,
+            reason=f"webhook delivered to {host} ({detail}) on try {try_number}",
+            actor="webhooks",
+            data={"webhook": "delivered", "tries": try_number, "status": detail},
+        )
+        return DeliveryOutcome(delivered=True, retry_in=None, detail=detail)
+    logger.info(
+        "webhook try %s to %s failed: %s", try_number, host, detail, extra={"job_id": job.id}
+    )
+    if try_number >= settings.GANTRY_WEBHOOK_MAX_TRIES:
+        record_event(
+            job,
+            reason=f"webhook to {host} gave up after {try_number} tries ({detail})",
+            actor="webhooks",
+            data={"webhook": "gave_up", "tries": try_number, "status": detail},
+        )
+        return DeliveryOutcome(delivered=False, retry_in=None, detail=detail)
+    return DeliveryOutcome(delivered=False, retry_in=backoff_s(try_number), detail=detail)
+
+
+def enqueue_delivery(job_id) -> None:
+    """Publish the delivery task now (call from on_commit). Never raises: a lost publish
+    is picked up by the periodic redelivery sweep."""
+    from apps.jobs.tasks import deliver_webhook
+
+    try:
+        deliver_webhook.apply_async(args=[str(job_id)], queue="control")
+    except Exception as exc:  # broker down: the sweep redelivers later
+        logger.warning("webhook delivery not queued: %s", exc, extra={"job_id": job_id})
+
+
+def redeliver_stranded(*, limit: int = 500) -> int:
+    """Queue deliveries for terminal jobs whose webhook has no outcome after a long time.
+
+    Covers a publish lost while the broker was down. Only jobs finished longer ago than
+    the whole retry schedule are considered, so this never overlaps live retries.
+    """
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.jobs import selectors
+
+    span = sum(
+        min(
+            settings.GANTRY_WEBHOOK_BACKOFF_MAX_S,
+            settings.GANTRY_WEBHOOK_BACKOFF_BASE_S * 2**i,
+        )
+        * 1.2
+        + settings.GANTRY_WEBHOOK_TIMEOUT_S
+        for i in range(settings.GANTRY_WEBHOOK_MAX_TRIES)
+    )
+    now = timezone.now()
+    job_ids = selectors.webhooks_to_redeliver(
+        finished_after=now - timedelta(days=1),
+        finished_before=now - timedelta(seconds=span + 600),
+        limit=limit,
+    )
+    from apps.jobs.services.admission import redis_client
+
+    client = redis_client()
+    queued = 0
+    for job_id in job_ids:
+        # One sweep-started delivery chain per job at a time.
+        if client.set(f"gantry:webhook:swept:{job_id}", 1, nx=True, ex=int(span) + 600):
+            enqueue_delivery(job_id)
+            queued += 1
+    return queued

@@ -1,0 +1,21 @@
+"""Control-plane tasks of the jobs app (the GPU pools' tasks are in worker_tasks.py)."""
+
+from celery import shared_task
+
+from apps.jobs.services import webhooks
+
+
+@shared_task(name="gantry.jobs.deliver_webhook", bind=True, max_retries=None, ignore_result=True)
+def deliver_webhook(self, job_id: str) -> str:
+    """One delivery try of a job's terminal webhook; retried with backoff by the service's
+    decision. Safe to run twice: a delivered webhook is recorded and not sent again."""
+    outcome = webhooks.deliver_job_webhook(job_id, try_number=self.request.retries + 1)
+    if outcome.retry_in is not None:
+        raise self.retry(countdown=outcome.retry_in, queue="control")
+    return outcome.detail
+
+
+@shared_task(name="gantry.jobs.redeliver_webhooks", ignore_result=True)
+def redeliver_webhooks() -> int:
+    """Queue webhooks whose publish was lost (broker down at commit time)."""
+    return webhooks.redeliver_stranded()

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from apps.jobs import views
+
+urlpatterns = [
+    path("jobs", views.JobListView.as_view(), name="jobs"),
+    path("jobs/<uuid:job_id>", views.JobDetailView.as_view(), name="job"),
+    path("jobs/<uuid:job_id>/events", views.JobEventsView.as_view(), name="job-events"),
+    path("jobs/<uuid:job_id>/cancel", views.JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<uuid:job_id>/result", views.JobResultView.as_view(), name="job-result"),
+    path("results/<str:token>", views.ResultDownloadView.as_view(), name="result-download"),
+    path("webhooks/secret", views.WebhookSecretView.as_view(), name="webhook-secret"),
+]

@@ -1,0 +1,225 @@
+"""Tenant job endpoints: submit, read, list, events, cancel, result; signed downloads."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.http import FileResponse, HttpResponseRedirect
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+
+from apps.accounts.models import Project
+from apps.api.errors import GantryError
+from apps.api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from apps.api.idempotency import MAX_KEY_LENGTH, idempotent
+from apps.api.pagination import OpaqueCursorPagination
+from apps.jobs import selectors
+from apps.jobs.models import JobStatus
+from apps.jobs.serializers import (
+    JobEventSerializer,
+    JobListFilterSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    WebhookSecretSerializer,
+    job_body,
+)
+from apps.jobs.services import admission, results, submission, webhooks
+from apps.jobs.services.cancel import cancel_job
+
+IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=True,
+    description="Required. The same key and body replay the first answer (same job).",
+)
+
+
+class EventCursorPagination(OpaqueCursorPagination):
+    ordering = ("at", "id")
+    page_size = 500
+
+
+def _org_principal(request):
+    if request.user.is_operator:
+        raise PermissionDenied("Jobs are submitted and followed with an org key.")
+    return request.user
+
+
+def _idempotency_key(request) -> str:
+    key = request.META.get(IDEMPOTENCY_HEADER, "").strip()
+    if not key:
+        raise GantryError(
+            "The Idempotency-Key header is required.", code="invalid", field="Idempotency-Key"
+        )
+    if len(key) > MAX_KEY_LENGTH:
+        raise GantryError(
+            f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters.",
+            code="invalid",
+            field="Idempotency-Key",
+        )
+    return key
+
+
+class JobListView(GenericAPIView):
+    serializer_class = JobSerializer
+    pagination_class = OpaqueCursorPagination
+
+    @extend_schema(
+        operation_id="jobs_list",
+        responses={200: JobSerializer(many=True)},
+        parameters=[
+            OpenApiParameter("status", OpenApiTypes.STR, enum=JobStatus.values),
+            OpenApiParameter("project", OpenApiTypes.STR, description="Project id or name."),
+        ],
+    )
+    def get(self, request):
+        filters = JobListFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        project_id = None
+        if filters.validated_data.get("project"):
+            project_id = _project_filter(request.user, filters.validated_data["project"])
+        jobs = selectors.jobs_listing(
+            request.user, status=filters.validated_data.get("status"), project_id=project_id
+        )
+        page = self.paginate_queryset(jobs)
+        return self.get_paginated_response([job_body(job) for job in page])
+
+    @extend_schema(
+        request=JobSubmitSerializer,
+        parameters=[IDEMPOTENCY_PARAMETER],
+        responses={202: JobSerializer},
+    )
+    def post(self, request):
+        principal = _org_principal(request)
+        key = _idempotency_key(request)
+        org = principal.org
+        admission.admit(org)
+        serializer = JobSubmitSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        resources = data.get("resources") or {}
+        spec = submission.JobSpec(
+            params=data["params"],
+            max_runtime_s=data["max_runtime_s"],
+            gpu_count=resources.get("gpu_count", 1),
+            gpu_types=tuple(dict.fromkeys(resources.get("gpu_types") or ())),
+            min_gpu_memory_gb=resources.get("min_gpu_memory_gb", 0),
+            preemptible=data["preemptible"],
+            webhook_url=data.get("webhook_url", ""),
+        )
+        project = submission.resolve_project(
+            org, data.get("project"), key_project=principal.api_key.project
+        )
+        result = submission.submit_job(
+            org=org,
+            project=project,
+            user=principal.api_key.user,
+            spec=spec,
+            idempotency_key=key,
+            request_digest=submission.request_digest_of(request.data),
+            actor=f"api:{principal.api_key.prefix}",
+        )
+        response = Response(job_body(result.job), status=status.HTTP_202_ACCEPTED)
+        if result.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+def _project_filter(principal, ref: str):
+    """A list filter's project (id or name) as an id; unknown: 400 naming `project`."""
+    projects = Project.objects.order_by("pk")
+    if not principal.is_operator:
+        projects = projects.filter(org_id=principal.org_id)
+    try:
+        found = projects.filter(pk=uuid.UUID(ref)).values_list("id", flat=True).first()
+    except ValueError:
+        found = None
+    if found is None and not principal.is_operator:
+        found = projects.filter(name=ref).values_list("id", flat=True).first()
+    if found is None:
+        raise GantryError(f"project: no project {ref!r}.", code="invalid", field="project")
+    return found
+
+
+class JobDetailView(GenericAPIView):
+    serializer_class = JobSerializer
+
+    def get(self, request, job_id):
+        return Response(job_body(selectors.job_for(request.user, job_id)))
+
+
+class JobEventsView(GenericAPIView):
+    serializer_class = JobEventSerializer
+    pagination_class = EventCursorPagination
+
+    def get(self, request, job_id):
+        job = selectors.job_for(request.user, job_id)
+        page = self.paginate_queryset(selectors.job_events(job))
+        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+
+class JobCancelView(GenericAPIView):
+    serializer_class = JobSerializer
+
+    @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse()})
+    @idempotent()
+    def post(self, request, job_id):
+        job = selectors.job_for(_org_principal(request), job_id)
+        job = cancel_job(job.id, actor=f"api:{request.user.api_key.prefix}")
+        return Response(job_body(job))
+
+
+class JobResultView(GenericAPIView):
+    serializer_class = JobSerializer
+
+    @extend_schema(responses={302: OpenApiResponse(description="To a signed, expiring URL.")})
+    def get(self, request, job_id):
+        job = selectors.job_for(request.user, job_id)
+        return HttpResponseRedirect(results.signed_result_link(job).url)
+
+
+class ResultDownloadView(GenericAPIView):
+    """The signed link itself: no API key; the signature and its expiry are the access."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.BINARY, 302: OpenApiResponse()})
+    def get(self, request, token):
+        download = results.open_result_link(token)
+        store = results.storage()
+        direct = store.direct_url(
+            download.key, expires_in=min(download.expires_in, 300), filename=download.filename
+        )
+        if direct:
+            return HttpResponseRedirect(direct)
+        try:
+            handle = store.open(download.key)
+        except FileNotFoundError as exc:
+            raise results.ResultLinkExpired("This result is no longer available.") from exc
+        return FileResponse(
+            handle,
+            as_attachment=True,
+            filename=download.filename,
+            content_type=results.content_type_of(download.filename),
+        )
+
+
+class WebhookSecretView(GenericAPIView):
+    serializer_class = WebhookSecretSerializer
+
+    def get(self, request):
+        principal = _org_principal(request)
+        return Response(
+            {
+                "secret": webhooks.webhook_secret(principal.org_id),
+                "signature_header": webhooks.SIGNATURE_HEADER,
+                "scheme": 't=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>',
+            }
+        )

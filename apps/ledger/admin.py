@@ -1,0 +1,362 @@
+"""Operator pages of the ledger. Money moves only through the services: buckets are
+granted (never edited), holds are settled, entries are read-only. Grants, settlements
+and budget changes made here are recorded as operator actions (the audit trail)."""
+
+from hashlib import sha256
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import F
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from apps.accounts.operator_actions import operator_action, operator_of
+from apps.api.errors import GantryError
+from apps.ledger import services
+from apps.ledger.forms import BucketGrantForm, BudgetForm, GrantForm
+from apps.ledger.models import (
+    Bucket,
+    Budget,
+    BudgetAlert,
+    Entry,
+    Hold,
+    HoldAllocation,
+    HoldState,
+    LedgerAuditEvent,
+)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+def _actor(request) -> str:
+    return f"admin {request.user.get_username()}"
+
+
+@admin.register(Bucket)
+class BucketAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "org",
+        "project",
+        "kind",
+        "granted",
+        "remaining_display",
+        "held",
+        "consumed",
+        "expired",
+        "expires_at",
+        "expired_at",
+        "created_at",
+    )
+    list_filter = (
+        "kind",
+        ("expires_at", admin.EmptyFieldListFilter),
+        ("expired_at", admin.EmptyFieldListFilter),
+        "org__tier",
+    )
+    search_fields = ("id", "org__name", "project__name", "idempotency_key", "actor")
+    list_select_related = ("org", "project")
+    readonly_fields = [f.name for f in Bucket._meta.fields]
+    actions = ["grant_more"]
+
+    @admin.display(description="remaining", ordering=F("granted") - F("consumed") - F("held"))
+    def remaining_display(self, obj):
+        return obj.remaining
+
+    def has_change_permission(self, request, obj=None):
+        # Viewable, never editable: a bucket changes only through ledger entries.
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def add_view(self, request, form_url="", extra_context=None):
+        """Adding a bucket is granting credit: the form calls services.grant()."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = BucketGrantForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                bucket = _grant(
+                    request,
+                    org=data["org"],
+                    project=data["project"],
+                    kind=data["kind"],
+                    amount=data["amount"],
+                    expires_at=data["expires_at"],
+                    idempotency_key=data["idempotency_key"],
+                )
+            except GantryError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                self.message_user(request, f"Granted {bucket.granted} µc to {bucket.org}.")
+                return redirect(reverse("admin:ledger_bucket_change", args=[bucket.pk]))
+        return self._grant_page(request, form, title="Grant credits")
+
+    @admin.action(description="Grant more credit to the orgs of the selected buckets")
+    def grant_more(self, request, queryset):
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        orgs = {bucket.org for bucket in queryset.select_related("org")}
+        form = GrantForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            data = form.cleaned_data
+            for org in sorted(orgs, key=lambda o: o.name):
+                try:
+                    _grant(
+                        request,
+                        org=org,
+                        project=None,
+                        kind=data["kind"],
+                        amount=data["amount"],
+                        expires_at=data["expires_at"],
+                        idempotency_key=f"{data['idempotency_key']}:{org.pk}",
+                    )
+                except GantryError as exc:
+                    self.message_user(request, f"{org}: {exc.message}", messages.ERROR)
+                    return None
+            self.message_user(request, f"Granted {data['amount']} µc to {len(orgs)} org(s).")
+            return None
+        return self._grant_page(
+            request,
+            form,
+            title=f"Grant credits to {len(orgs)} org(s)",
+            orgs=sorted(orgs, key=lambda o: o.name),
+            queryset=queryset,
+        )
+
+    def _grant_page(self, request, form, *, title, orgs=None, queryset=None):
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "form": form,
+            "opts": self.model._meta,
+            "orgs": orgs,
+            "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)]
+            if queryset is not None
+            else None,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/ledger/grant_credits.html", context)
+
+
+def _grant(request, *, org, project, kind, amount, expires_at, idempotency_key):
+    """Grant through the ledger and record it once per form submission (same key)."""
+    with operator_action(
+        actor=operator_of(request),
+        action="credits.grant",
+        target_type="bucket",
+        target_id="",
+        org_id=org.pk,
+        # One audit row per grant form submission (the form's key, hashed to a fixed size).
+        idempotency_key=f"credits.grant:{org.pk}:{sha256(idempotency_key.encode()).hexdigest()}",
+    ) as pending:
+        bucket = services.grant(
+            org=org,
+            project=project,
+            kind=kind,
+            amount=amount,
+            expires_at=expires_at,
+            idempotency_key=idempotency_key,
+            actor=_actor(request),
+        )
+        pending.target_id = bucket.pk
+        pending.after = {
+            "kind": bucket.kind,
+            "amount": bucket.granted,
+            "project": str(bucket.project_id or ""),
+            "expires_at": bucket.expires_at,
+        }
+    return bucket
+
+
+class AllocationInline(admin.TabularInline):
+    model = HoldAllocation
+    extra = 0
+    fields = ("bucket", "amount", "captured", "refunded")
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Hold)
+class HoldAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "org",
+        "project",
+        "user",
+        "state",
+        "amount",
+        "captured",
+        "refunded",
+        "usage",
+        "expires_at",
+        "created_at",
+        "settled_at",
+    )
+    list_filter = ("state", "org__tier")
+    search_fields = ("id", "org__name", "idempotency_key", "job_ref", "reason")
+    list_select_related = ("org", "project", "user")
+    readonly_fields = [f.name for f in Hold._meta.fields]
+    inlines = [AllocationInline]
+    actions = ["settle_at_metered_usage"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Settle selected active holds at their metered usage")
+    def settle_at_metered_usage(self, request, queryset):
+        settled = 0
+        for hold in queryset.filter(state=HoldState.ACTIVE):
+            with operator_action(
+                actor=operator_of(request),
+                action="hold.settle",
+                target_type="hold",
+                target_id=hold.pk,
+                org_id=hold.org_id,
+                job_id=hold.job_ref,
+                before=_hold_state(hold),
+            ) as pending:
+                result = services.settle(hold, reason=f"settled by {_actor(request)}")
+                pending.skip = result.replayed
+                hold.refresh_from_db()
+                pending.after = _hold_state(hold)
+            settled += not result.replayed
+        self.message_user(request, f"Settled {settled} hold(s).")
+
+
+def _hold_state(hold: Hold) -> dict:
+    return {
+        "state": hold.state,
+        "amount": hold.amount,
+        "captured": hold.captured,
+        "refunded": hold.refunded,
+    }
+
+
+@admin.register(Entry)
+class EntryAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "created_at",
+        "kind",
+        "account",
+        "counter_account",
+        "amount",
+        "org",
+        "bucket",
+        "hold",
+        "job_id",
+        "txn",
+    )
+    list_filter = ("kind", "account", "created_at")
+    search_fields = (
+        "=txn",
+        "=hold__id",
+        "=job_id",
+        "=bucket__id",
+        "org__name",
+        "idempotency_key",
+        "memo",
+    )
+    list_select_related = ("org",)
+    date_hierarchy = "created_at"
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    form = BudgetForm
+    list_display = (
+        "org",
+        "project",
+        "user",
+        "mode",
+        "period",
+        "limit",
+        "held",
+        "consumed",
+        "updated_at",
+    )
+    list_filter = ("mode", "period")
+    search_fields = ("org__name", "project__name", "user__name")
+    list_select_related = ("org", "project", "user")
+    readonly_fields = ("held", "consumed", "period_start", "created_at", "updated_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        scope = ("org", "project", "user") if obj is not None else ()
+        return (*scope, *self.readonly_fields)
+
+    def get_form(self, request, obj=None, **kwargs):
+        # On a change the scope is read-only, so BudgetForm (which narrows the scope's
+        # choices) has no scope fields to narrow: a plain model form edits the rest.
+        if obj is not None:
+            kwargs["form"] = forms.ModelForm
+        return super().get_form(request, obj, **kwargs)
+
+    def save_model(self, request, obj, form, change):
+        current = Budget.objects.filter(pk=obj.pk).first() if change else None
+        with operator_action(
+            actor=operator_of(request),
+            action="budget.set",
+            target_type="budget",
+            target_id=obj.pk or "",
+            org_id=obj.org_id,
+            before=_budget_settings(current) if current else {},
+        ) as pending:
+            saved = services.set_budget(
+                org=obj.org,
+                project=obj.project,
+                user=obj.user,
+                limit=obj.limit,
+                period=obj.period,
+                mode=obj.mode,
+            )
+            pending.target_id = saved.pk
+            pending.after = _budget_settings(saved)
+        obj.pk = saved.pk
+        obj.refresh_from_db()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+def _budget_settings(budget: Budget) -> dict:
+    return {
+        "project": str(budget.project_id or ""),
+        "user": str(budget.user_id or ""),
+        "limit": budget.limit,
+        "period": budget.period,
+        "mode": budget.mode,
+    }
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "budget", "org", "hold", "amount", "held", "consumed", "limit")
+    search_fields = ("org__name", "=hold__id")
+    list_select_related = ("budget", "org")
+
+
+@admin.register(LedgerAuditEvent)
+class LedgerAuditEventAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "check_name", "subject", "detail", "resolved_at")
+    list_filter = ("check_name", ("resolved_at", admin.EmptyFieldListFilter))
+    search_fields = ("subject", "detail")

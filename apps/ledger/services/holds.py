@@ -1,0 +1,573 @@
+"""Holds: reserve credit for a job, extend it, and settle it exactly once.
+
+Lock order, everywhere: the hold, then buckets by id, then budgets org → project → user
+as the last rows the transaction touches. No SERIALIZABLE: row locks and guarded
+updates make every race explicit. A reserve or a settle is two round trips: one
+statement that locks and reads (sent with BEGIN), one that writes everything including
+the hold row and the budgets (sent with COMMIT); see services._store.
+"""
+
+# SQL here is composed only of this package's own constant fragments; values are
+# always bound parameters.
+# ruff: noqa: S608
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from django.db import connection
+
+from apps.api.errors import Conflict, GantryError, InsufficientCredits
+from apps.ledger import locks
+from apps.ledger.allocation import Source, burn_key, plan_draw
+from apps.ledger.metrics import BUDGET_ALERTS, count
+from apps.ledger.models import Account, EntryKind, Hold, HoldState
+from apps.ledger.services import budgets
+from apps.ledger.services._store import (
+    Changes,
+    LedgerTransaction,
+    budget_lock_sql,
+    check_scope,
+    db_now,
+    key_or_error,
+    ledger_setting,
+    positive_amount,
+    refused,
+)
+from apps.ledger.services.metering import (
+    UsageReport,
+    apply_usage,
+    lock_holds,
+    lock_one,
+    slots_from_rows,
+    validate_report,
+)
+
+DEFAULT_HOLD_TTL_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    hold_id: uuid.UUID
+    state: str
+    reason: str
+    amount: int
+    captured: int
+    refunded: int
+    usage: int
+    overrun: int  # reported usage that the hold could not cover (written off)
+    settled_at: datetime
+    replayed: bool  # True: the hold was already closed; nothing moved this time
+
+    @classmethod
+    def of(cls, hold, *, replayed: bool) -> SettleResult:
+        return cls(
+            hold_id=hold.pk,
+            state=hold.state,
+            reason=hold.reason,
+            amount=hold.amount,
+            captured=hold.captured,
+            refunded=hold.refunded,
+            usage=hold.usage,
+            overrun=max(0, hold.usage - hold.captured),
+            settled_at=hold.settled_at,
+            replayed=replayed,
+        )
+
+
+# Every eligible bucket with credit, locked in id order, read with the database time;
+# the same statement takes the org's shared budget lock (see services.budgets). For an
+# extension, also the hold's existing allocation in each bucket.
+_LOCK_SOURCES = f"""
+SELECT b.id, b.kind, b.expires_at, b.created_at,
+       b.granted - b.consumed - b.held - b.expired, a.id, statement_timestamp(),
+       {budget_lock_sql("%(org)s::text")}
+  FROM ledger_bucket b
+  LEFT JOIN ledger_holdallocation a ON a.bucket_id = b.id AND a.hold_id = %(hold)s
+ WHERE b.org_id = %(org)s
+   AND (b.project_id IS NULL OR b.project_id = %(project)s)
+   AND (b.expires_at IS NULL OR b.expires_at > statement_timestamp())
+   AND b.granted - b.consumed - b.held - b.expired > 0
+ ORDER BY b.id
+   FOR UPDATE OF b
+"""
+
+
+# A reservation is one statement, sent in one round trip with BEGIN, the org's shared
+# budget lock (a statement of its own, so that this one's snapshot comes after it) and
+# COMMIT: the buckets are locked only while it runs. It locks the eligible funded buckets
+# in id order, draws in burn order (DESIGN invariant 6: expires_at with never-expiring
+# last, promo < grant < paid, created_at, id), inserts the hold unless its key exists,
+# and (only then) the allocations, entries, bucket caches and budgets.
+_RESERVE = """
+WITH src AS (
+    SELECT b.id, b.expires_at, b.kind_rank, b.created_at,
+           b.granted - b.consumed - b.held - b.expired AS available
+      FROM ledger_bucket b
+     WHERE b.org_id = %(org)s
+       AND (b.project_id IS NULL OR b.project_id = %(project)s)
+       AND (b.expires_at IS NULL OR b.expires_at > statement_timestamp())
+       AND b.granted - b.consumed - b.held - b.expired > 0
+     ORDER BY b.id
+       FOR UPDATE OF b
+), burn AS (
+    SELECT id, available,
+           sum(available) OVER (ORDER BY expires_at NULLS LAST, kind_rank, created_at, id)
+               AS upto
+      FROM src
+), plan AS (
+    SELECT id, least(available, %(amount)s - (upto - available)) AS part, upto
+      FROM burn WHERE upto - available < %(amount)s
+), enough AS (
+    SELECT coalesce(sum(part), 0) = %(amount)s AS ok FROM plan
+), hi AS (
+    INSERT INTO ledger_hold (id, org_id, project_id, user_id, job_ref, requested_amount,
+                             amount, captured, refunded, usage, state, idempotency_key,
+                             expires_at, reason, created_at)
+    SELECT %(hold)s, %(org)s, %(project)s, %(user)s, %(job)s, %(amount)s, %(amount)s, 0, 0, 0,
+           'active', %(key)s, e.at, '', statement_timestamp()
+      FROM (SELECT coalesce(%(expires_at)s::timestamptz,
+                            statement_timestamp() + %(ttl)s * interval '1 second') AS at) e
+     WHERE (SELECT ok FROM enough) AND e.at > statement_timestamp()
+    ON CONFLICT (org_id, idempotency_key) DO NOTHING
+    RETURNING expires_at
+), na AS (
+    INSERT INTO ledger_holdallocation (hold_id, bucket_id, amount, captured, refunded)
+    SELECT %(hold)s, id, part, 0, 0 FROM plan WHERE EXISTS (SELECT 1 FROM hi)
+    RETURNING 1
+), e AS (
+    INSERT INTO ledger_entry (txn, org_id, bucket_id, account, counter_account, amount, kind,
+                              hold_id, job_id, idempotency_key, usage_until, memo, created_at)
+    SELECT %(txn)s, %(org)s, p.id, leg.account, leg.counter, leg.amount, 'hold', %(hold)s,
+           %(job)s, %(key)s, NULL, 'reserve', statement_timestamp()
+      FROM plan p
+     CROSS JOIN LATERAL (VALUES ('available', 'held', -p.part), ('held', 'available', p.part))
+           AS leg(account, counter, amount)
+     WHERE EXISTS (SELECT 1 FROM hi)
+     ORDER BY p.upto, leg.amount
+    RETURNING 1
+), ub AS (
+    UPDATE ledger_bucket AS b SET held = b.held + p.part
+      FROM plan p
+     WHERE b.id = p.id AND EXISTS (SELECT 1 FROM hi)
+    RETURNING 1
+), {budgets}
+SELECT statement_timestamp(), (SELECT coalesce(sum(available), 0) FROM src),
+       (SELECT expires_at FROM hi), (SELECT count(*) FROM ga),
+       CASE WHEN NOT ({budget_ok}) THEN ledger_raise('{code}', {message}) END
+"""
+
+
+def _reserve_sql() -> str:
+    guard = "EXISTS (SELECT 1 FROM hi)"
+    parts, (ok, code, message) = budgets.statement_parts(
+        charge=True, guard=guard, now="statement_timestamp()"
+    )
+    ctes = ",\n".join(f"{name} AS ({sql})" for name, sql in parts)
+    return (
+        _RESERVE.replace("{budgets}", ctes)
+        .replace("{budget_ok}", ok)
+        .replace("{code}", code)
+        .replace("{message}", message)
+    )
+
+
+RESERVE = _reserve_sql()
+BUDGET_LOCK = f"SELECT {budget_lock_sql('%(org)s::text')}"
+
+
+def reserve(
+    *,
+    org,
+    amount: int,
+    idempotency_key: str,
+    project=None,
+    user=None,
+    expires_at: datetime | None = None,
+    job_id: uuid.UUID | None = None,
+) -> Hold:
+    """Hold `amount` micro-credits of the org for one job.
+
+    Draws from the eligible buckets in burn order (DESIGN invariant 6; only buckets
+    unexpired by the database clock whose project scope matches, org-wide ones always)
+    and records the split in HoldAllocation rows. Then counts it against the budgets
+    org → project → user: a hard budget that would be exceeded raises BudgetExceeded
+    and nothing is held; a soft one is allowed and an alert recorded. Raises
+    InsufficientCredits (402) when less than `amount` is available.
+
+    The same idempotency key returns the same hold (also under concurrent callers;
+    never a second one); the same key with another amount, project or user raises
+    Conflict. `expires_at` (default: GANTRY_LEDGER_HOLD_TTL_S from now) is when the
+    recovery task may settle the hold if no settle ever comes. `job_id` tags the
+    hold's entries with the job.
+    """
+    positive_amount(amount)
+    key_or_error(idempotency_key)
+    check_scope(org=org, project=project, user=user)
+    project_id, user_id = getattr(project, "pk", None), getattr(user, "pk", None)
+    request = (amount, project_id, user_id)
+    hold_id = uuid.uuid4()
+    params = {
+        "hold": hold_id,
+        "org": org.pk,
+        "project": project_id,
+        "user": user_id,
+        "job": job_id,
+        "amount": amount,
+        "key": idempotency_key,
+        "expires_at": expires_at,
+        "ttl": ledger_setting("HOLD_TTL_S", DEFAULT_HOLD_TTL_S),
+        "txn": uuid.uuid4(),
+        "g_org": org.pk,
+        "g_project": project_id,
+        "g_user": user_id,
+        "g_amount": amount,
+        "g_hold": hold_id,
+    }
+    try:
+        with LedgerTransaction() as tx:
+            now, available, hold_expires_at, alerts, _ok = tx.write(
+                RESERVE, params, first=[(BUDGET_LOCK, {"org": org.pk})]
+            )
+    except psycopg.Error as error:
+        raise _refusal(error, op="reserve") from error
+    if hold_expires_at is None:
+        if expires_at is not None and expires_at <= now:
+            raise GantryError(
+                "expires_at must be in the future.", code="invalid", field="expires_at"
+            )
+        if Hold.objects.filter(org=org, idempotency_key=idempotency_key).exists():
+            # The key is taken (possibly by a caller that committed while this one waited
+            # on the unique index, or took the last credit): that hold, never a second.
+            return _replay(org, idempotency_key, request)
+        count("reserve", "insufficient_credits")
+        raise InsufficientCredits(
+            f"Not enough credit: {available} µc available, {amount} µc requested.",
+            field="amount",
+        )
+    BUDGET_ALERTS.inc(alerts)
+    count("reserve")
+    hold = Hold(
+        id=hold_id,
+        org=org,
+        project=project,
+        user=user,
+        job_ref=job_id,
+        requested_amount=amount,
+        amount=amount,
+        state=HoldState.ACTIVE,
+        idempotency_key=idempotency_key,
+        expires_at=hold_expires_at,
+        created_at=now,
+    )
+    hold._state.adding = False
+    hold._state.db = "default"
+    return hold
+
+
+def _refusal(error: psycopg.Error, *, op: str) -> Exception:
+    mapped = refused(error)
+    if mapped is not error:
+        count(op, "budget_exceeded")
+    return mapped
+
+
+def _flush(changes: Changes, tx: LedgerTransaction, *, op: str) -> None:
+    try:
+        changes.flush(tx)
+    except psycopg.Error as error:
+        raise _refusal(error, op=op) from error
+
+
+def _replay(org, key: str, request: tuple) -> Hold:
+    existing = Hold.objects.get(org=org, idempotency_key=key)
+    if (existing.requested_amount, existing.project_id, existing.user_id) != request:
+        count("reserve", "conflict")
+        raise Conflict(
+            "This idempotency key was used for a different reservation.",
+            code="idempotency_mismatch",
+            field="idempotency_key",
+        )
+    count("reserve", "replay")
+    return existing
+
+
+def _lock_sources(tx: LedgerTransaction, *, hold_id, org_id, project_id) -> tuple[list, datetime]:
+    """Lock the eligible buckets with credit in id order: [(Source, allocation id)], now.
+
+    Every eligible funded bucket is locked, so the burn order is exact: no lower-ranked
+    bucket is drawn while a higher-ranked one has funds (DESIGN invariant 6).
+    """
+    rows = tx.query(_LOCK_SOURCES, {"hold": hold_id, "org": org_id, "project": project_id})
+    sources = [
+        (
+            Source(
+                bucket_id=pk,
+                available=available,
+                burn_key=burn_key(
+                    expires_at=expires_at, kind=kind, created_at=created_at, bucket_id=pk
+                ),
+            ),
+            allocation_id,
+        )
+        for pk, kind, expires_at, created_at, available, allocation_id, _now, _lock in rows
+    ]
+    return sources, (rows[0][6] if rows else db_now())
+
+
+def _plan(sources: list, *, amount: int, op: str) -> list[tuple]:
+    """Draw `amount` in burn order, or raise InsufficientCredits (402)."""
+    plan = plan_draw([source for source, _ in sources], amount)
+    if not plan:
+        count(op, "insufficient_credits")
+        raise InsufficientCredits(
+            f"Not enough credit: {sum(s.available for s, _ in sources)} µc available, "
+            f"{amount} µc requested.",
+            field="amount",
+        )
+    return plan
+
+
+def _hold_moves(changes: Changes, plan, sources, *, hold_id, job_id, key, memo) -> None:
+    existing = {source.bucket_id: allocation_id for source, allocation_id in sources}
+    for bucket_id, part in plan:
+        if existing[bucket_id] is None:
+            changes.new_allocations.append((hold_id, bucket_id, part))
+        else:
+            changes.allocation(existing[bucket_id], amount=part)
+        changes.move(
+            kind=EntryKind.HOLD,
+            bucket_id=bucket_id,
+            source=Account.AVAILABLE,
+            target=Account.HELD,
+            amount=part,
+            hold_id=hold_id,
+            job_id=job_id,
+            idempotency_key=key,
+            memo=memo,
+        )
+
+
+def extend(hold, *, amount: int, expires_at: datetime | None = None) -> Hold:
+    """Top up an active hold by `amount` (long jobs), drawn in burn order like reserve.
+
+    Counted against the budgets like a reservation (hard: BudgetExceeded, nothing
+    added). Raises InsufficientCredits if the credit is not there and Conflict if the
+    hold is no longer active. `expires_at`, if later than the hold's, pushes back when
+    the recovery task may reclaim it. Not idempotent: a retried extend holds more,
+    which settlement returns.
+    """
+    positive_amount(amount)
+    with LedgerTransaction() as tx:
+        holds, _now, _marks = lock_holds(tx, [hold.pk])
+        locked = holds[hold.pk]
+        if locked.state != HoldState.ACTIVE:
+            count("extend", "conflict")
+            raise Conflict(
+                f"Hold {locked.pk} is {locked.state}; it cannot be extended.",
+                code="hold_closed",
+                field="hold",
+            )
+        sources, now = _lock_sources(
+            tx, hold_id=locked.pk, org_id=locked.org_id, project_id=locked.project_id
+        )
+        plan = _plan(sources, amount=amount, op="extend")
+        changes = Changes(at=now, org_id=locked.org_id)
+        _hold_moves(
+            changes,
+            plan,
+            sources,
+            hold_id=locked.pk,
+            job_id=locked.job_ref,
+            key=locked.idempotency_key,
+            memo="extend",
+        )
+        changes.hold(locked.pk, amount_delta=amount, expires_at=expires_at)
+        budgets.charge(
+            changes,
+            hold_id=locked.pk,
+            org_id=locked.org_id,
+            project_id=locked.project_id,
+            user_id=locked.user_id,
+            amount=amount,
+        )
+        _flush(changes, tx, op="extend")
+    BUDGET_ALERTS.inc(changes.counts.get("ga", 0))
+    count("extend")
+    hold.refresh_from_db()
+    return hold
+
+
+def settle(
+    hold, *, reason: str, final_usage: int | None = None, attempt_key: str = ""
+) -> SettleResult:
+    """Close the hold: capture its usage and return every unused micro-credit to the
+    exact bucket it came from.
+
+    `final_usage`, if given, is the final cumulative usage of `attempt_key` (the same
+    max-wins semantics as meter). A refund to a bucket that has expired meanwhile is
+    recorded and then expired, never spendable again. At most once: the hold row is
+    locked and only an active hold moves money; every later or concurrent call returns
+    the first result (replayed=True) and writes nothing.
+    """
+    if final_usage is not None:
+        validate_report(cumulative_usage=final_usage, seq=None, attempt_key=attempt_key)
+    return _close(
+        hold.pk,
+        state=HoldState.SETTLED,
+        reason=reason,
+        final_usage=final_usage,
+        attempt_key=attempt_key,
+        op="settle",
+    )
+
+
+def release(hold, *, reason: str) -> Hold:
+    """Close the hold of a job that never ran: everything goes back to its buckets.
+
+    It is settle without new usage: if usage was metered after all, that much stays
+    captured and the hold ends settled rather than released. At most once.
+    """
+    _close(
+        hold.pk,
+        state=HoldState.RELEASED,
+        reason=reason,
+        final_usage=None,
+        attempt_key="",
+        op="release",
+    )
+    hold.refresh_from_db()
+    return hold
+
+
+def expire_stale_holds(*, limit: int = 200) -> int:
+    """Settle, at their metered usage, active holds past their expires_at (database clock):
+    the finish call never came. Each is closed once, whoever else tries concurrently.
+    Returns the number of holds this call closed."""
+    closed = 0
+    with locks.try_session_lock("gantry.ledger.expire_stale_holds") as acquired:
+        if not acquired:
+            return 0
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT id, expires_at FROM ledger_hold WHERE state = 'active' "
+                    "AND expires_at <= statement_timestamp() ORDER BY expires_at, id LIMIT %s",
+                    [limit],
+                )
+                due = cursor.fetchall()
+            for pk, expires_at in due:
+                reason = (
+                    f"hold expired at {expires_at.isoformat()} without a settle; "
+                    "recovered at its metered usage"
+                )
+                result = _close(
+                    pk,
+                    state=HoldState.EXPIRED,
+                    reason=reason,
+                    final_usage=None,
+                    attempt_key="",
+                    op="expire_hold",
+                )
+                closed += not result.replayed
+            if len(due) < limit:
+                return closed
+
+
+def _close(hold_id, *, state, reason, final_usage, attempt_key, op) -> SettleResult:
+    reason = reason[:500]
+    with LedgerTransaction() as tx:
+        hold, now, marks, allocations = lock_one(
+            tx,
+            hold_id,
+            attempt_key=attempt_key if final_usage is not None else None,
+            lock_buckets=True,
+            budget_lock=True,
+        )
+        if hold.state != HoldState.ACTIVE:
+            count(op, "replay")
+            return SettleResult.of(hold, replayed=True)
+        changes = Changes(at=now, org_id=hold.org_id)
+        reports = (
+            [] if final_usage is None else [UsageReport(hold_id, attempt_key, final_usage, None)]
+        )
+        apply_usage(
+            tx,
+            {hold_id: hold},
+            reports,
+            now=now,
+            capture_backlog=True,
+            changes=changes,
+            slots=slots_from_rows(a.slot_row() for a in allocations),
+            marks=marks,
+        )
+        if hold.captured and state == HoldState.RELEASED:
+            state = HoldState.SETTLED  # usage was metered: it stays charged
+        refunded = _closing_moves(changes, hold, allocations, state=state, reason=reason)
+        changes.hold(hold_id, state=state, refunded=refunded, reason=reason, settled_at=now)
+        budgets.discharge(
+            changes,
+            org_id=hold.org_id,
+            project_id=hold.project_id,
+            user_id=hold.user_id,
+            amount=hold.amount,
+            captured=hold.captured,
+        )
+        _flush(changes, tx, op=op)
+        hold.state, hold.refunded, hold.reason, hold.settled_at = state, refunded, reason, now
+    count(op)
+    return SettleResult.of(hold, replayed=False)
+
+
+def _closing_moves(changes: Changes, hold, allocations, *, state, reason) -> int:
+    """Captured usage becomes consumption; the rest goes back to the bucket it came from
+    (and straight on to expired if that bucket has expired). Returns what was refunded."""
+    common = {"hold_id": hold.pk, "job_id": hold.job_ref, "idempotency_key": hold.idempotency_key}
+    captured_now = {a: d[1] for a, d in changes.allocation_deltas.items()}
+    for allocation in allocations:
+        captured = allocation.captured + captured_now.get(allocation.id, 0)
+        if captured:
+            changes.move(
+                kind=EntryKind.SETTLE,
+                bucket_id=allocation.bucket_id,
+                source=Account.CAPTURED,
+                target=Account.CONSUMED,
+                amount=captured,
+                memo=reason,
+                **common,
+            )
+    refund_kind = EntryKind.RELEASE if state == HoldState.RELEASED else EntryKind.REFUND
+    total = 0
+    for allocation in allocations:
+        captured = allocation.captured + captured_now.get(allocation.id, 0)
+        unused = allocation.amount - captured - allocation.refunded
+        if not unused:
+            continue
+        changes.allocation(allocation.id, refunded=unused)
+        changes.move(
+            kind=refund_kind,
+            bucket_id=allocation.bucket_id,
+            source=Account.HELD,
+            target=Account.AVAILABLE,
+            amount=unused,
+            memo=reason,
+            **common,
+        )
+        expires_at = allocation.expires_at
+        if allocation.expired_at is not None or (
+            expires_at is not None and expires_at <= changes.at
+        ):
+            changes.move(
+                kind=EntryKind.EXPIRE,
+                bucket_id=allocation.bucket_id,
+                source=Account.AVAILABLE,
+                target=Account.EXPIRED,
+                amount=unused,
+                memo="refund to an expired bucket",
+                **common,
+            )
+        total += unused
+    return total

@@ -1,0 +1,146 @@
+"""Credit endpoints: balance and entries for an org, grants and budgets for operators."""
+
+import uuid
+
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+
+from apps.accounts import selectors as accounts
+from apps.accounts.models import Org, Project, User
+from apps.accounts.permissions import IsOperator
+from apps.api.errors import GantryError
+from apps.api.idempotency import HEADER, idempotent
+from apps.api.pagination import OldestFirstCursorPagination
+from apps.ledger import selectors, services
+from apps.ledger.serializers import (
+    BalanceSerializer,
+    BucketSerializer,
+    BudgetRequestSerializer,
+    BudgetSerializer,
+    EntrySerializer,
+    GrantRequestSerializer,
+)
+
+ORG_PARAM = OpenApiParameter("org", str, description="Operators: the org to read.")
+
+
+def _caller_org(request) -> Org:
+    """The caller's org; an operator names it with ?org= (another org's: 404)."""
+    org_id = request.query_params.get("org")
+    if request.user.is_operator and not org_id:
+        raise GantryError("Operators must name the org with ?org=.", code="invalid", field="org")
+    if not org_id:
+        return request.user.org
+    return accounts.org_for(request.user, _uuid_or_404(org_id))
+
+
+def _uuid_or_404(value):
+    try:
+        return uuid.UUID(str(value))
+    except ValueError as exc:
+        raise Http404 from exc
+
+
+def _referenced(model, pk, field: str):
+    """A body's reference to a missing object is bad input (400 naming the field)."""
+    if pk is None:
+        return None
+    try:
+        return model.objects.get(pk=pk)
+    except model.DoesNotExist as exc:
+        raise GantryError(f"No {field} with id {pk}.", code="invalid", field=field) from exc
+
+
+class BalanceView(GenericAPIView):
+    serializer_class = BalanceSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("project", str, description="Project id or name."),
+            ORG_PARAM,
+        ]
+    )
+    def get(self, request):
+        org = _caller_org(request)
+        project = self._project(request, org)
+        return Response(BalanceSerializer(selectors.balance(org=org, project=project)).data)
+
+    @staticmethod
+    def _project(request, org):
+        wanted = request.query_params.get("project")
+        narrowed = None if request.user.is_operator else request.user.project_id
+        if not wanted:
+            return Project.objects.get(pk=narrowed) if narrowed else None
+        projects = Project.objects.filter(org=org)
+        try:
+            project = projects.filter(pk=uuid.UUID(wanted)).first()
+        except ValueError:
+            project = projects.filter(name=wanted).first()
+        if project is None or (narrowed and project.pk != narrowed):
+            raise Http404
+        return project
+
+
+class EntryListView(GenericAPIView):
+    """The org's ledger entries, oldest first (an append-only log is read forward)."""
+
+    serializer_class = EntrySerializer
+    pagination_class = OldestFirstCursorPagination
+
+    @extend_schema(parameters=[OpenApiParameter("job", str), ORG_PARAM])
+    def get(self, request):
+        org = _caller_org(request)
+        job = request.query_params.get("job")
+        if job:
+            try:
+                job = uuid.UUID(job)
+            except ValueError as exc:
+                raise GantryError("job must be a job id.", code="invalid", field="job") from exc
+        page = self.paginate_queryset(selectors.entries_of(org=org, job=job or None))
+        return self.get_paginated_response(EntrySerializer(page, many=True).data)
+
+
+class GrantView(GenericAPIView):
+    serializer_class = BucketSerializer
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=GrantRequestSerializer, responses={201: BucketSerializer})
+    @idempotent(required=True)
+    def post(self, request):
+        body = GrantRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        bucket = services.grant(
+            org=_referenced(Org, data["org"], "org"),
+            project=_referenced(Project, data.get("project"), "project"),
+            amount=data["amount"],
+            kind=data["kind"],
+            expires_at=data.get("expires_at"),
+            idempotency_key=request.META[HEADER].strip(),
+            actor=f"api-key {request.auth.prefix}",
+        )
+        return Response(BucketSerializer(bucket).data, status=status.HTTP_201_CREATED)
+
+
+class BudgetView(GenericAPIView):
+    serializer_class = BudgetSerializer
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=BudgetRequestSerializer, responses={200: BudgetSerializer})
+    @idempotent()
+    def put(self, request):
+        body = BudgetRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        budget = services.set_budget(
+            org=_referenced(Org, data["org"], "org"),
+            project=_referenced(Project, data.get("project"), "project"),
+            user=_referenced(User, data.get("user"), "user"),
+            limit=data["limit"],
+            period=data["period"],
+            mode=data["mode"],
+        )
+        return Response(BudgetSerializer(budget).data)

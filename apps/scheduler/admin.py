@@ -1,0 +1,345 @@
+"""Operators' view of the fleet and of the dispatcher's decisions, plus the two pages an
+operator lives in: the fleet (what runs where, drain/undrain) and the audit trail (every
+credit and scheduling decision, filterable by org, job, time and kind). Changes made here
+go through the services and are recorded as operator actions."""
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q
+from django.forms.models import model_to_dict
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from apps.accounts.models import Org
+from apps.accounts.operator_actions import operator_action, operator_of
+from apps.api.errors import GantryError
+from apps.scheduler import services
+from apps.scheduler.models import (
+    DispatchDecision,
+    Gpu,
+    GpuType,
+    Node,
+    NodeClaim,
+    NodeState,
+    UsageAccount,
+)
+from apps.scheduler.selectors_audit import (
+    KINDS,
+    MAX_LIMIT,
+    SOURCES,
+    AuditCursor,
+    AuditFilters,
+    audit_page,
+)
+from apps.scheduler.selectors_fleet import fleet_overview
+
+admin.site.site_header = "Gantry operations"
+admin.site.site_title = "Gantry"
+admin.site.index_title = "Operations"
+# The index opens with the fleet and audit trail pages above the models.
+admin.site.index_template = "admin/gantry_index.html"
+
+
+@admin.register(GpuType)
+class GpuTypeAdmin(admin.ModelAdmin):
+    """Prices apply to placements from now on; running attempts keep the price they got."""
+
+    list_display = ("name", "memory_gb", "price_per_gpu_hour", "gpu_count")
+    search_fields = ("name",)
+
+    def save_model(self, request, obj, form, change):
+        current = GpuType.objects.filter(pk=obj.pk).first() if change else None
+        fields = ("memory_gb", "price_per_gpu_hour")
+        with operator_action(
+            actor=operator_of(request),
+            action="gpu_type.update",
+            target_type="gpu_type",
+            target_id=obj.pk,
+            before=model_to_dict(current, fields=fields) if current else {},
+            after=model_to_dict(obj, fields=fields),
+        ):
+            super().save_model(request, obj, form, change)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(_gpus=Count("gpus"))
+
+    @admin.display(description="GPUs", ordering="_gpus")
+    def gpu_count(self, obj):
+        return obj._gpus
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    fields = ("index", "gpu_type", "device_id")
+    ordering = ("index",)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "state", "gpu_count", "busy_gpus", "queue", "updated_at")
+    list_filter = ("state", "gpus__gpu_type")
+    search_fields = ("name",)
+    readonly_fields = ("queue", "created_at", "updated_at")
+    inlines = [GpuInline]
+    actions = ["drain", "undrain", "remove"]
+    change_list_template = "admin/scheduler/node/change_list.html"
+
+    def get_urls(self):
+        fleet = path("fleet/", self.admin_site.admin_view(self.fleet_view), name="fleet")
+        return [fleet, *super().get_urls()]
+
+    def get_readonly_fields(self, request, obj=None):
+        # An existing node changes state only through the guarded actions below.
+        return (*self.readonly_fields, "state") if obj else self.readonly_fields
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _gpus=Count("gpus", distinct=True),
+                _busy=Count(
+                    "gpus",
+                    filter=Q(
+                        gpus__assignments__isnull=False,
+                        gpus__assignments__released_at__isnull=True,
+                    ),
+                    distinct=True,
+                ),
+            )
+        )
+
+    @admin.display(description="GPUs", ordering="_gpus")
+    def gpu_count(self, obj):
+        return obj._gpus
+
+    @admin.display(description="GPUs in use", ordering="_busy")
+    def busy_gpus(self, obj):
+        return obj._busy
+
+    @admin.action(description="Drain selected nodes (no new work; running jobs finish)")
+    def drain(self, request, queryset):
+        self._each(request, queryset, services.drain_node, "drained")
+
+    @admin.action(description="Undrain selected nodes (active again)")
+    def undrain(self, request, queryset):
+        self._each(request, queryset, services.undrain_node, "made active")
+
+    @admin.action(description="Remove selected nodes (only if nothing runs there)")
+    def remove(self, request, queryset):
+        self._each(request, queryset, services.remove_node, "removed")
+
+    def _each(self, request, queryset, service, done: str):
+        names = list(queryset.values_list("name", flat=True))
+        ok = []
+        for name in names:
+            try:
+                _node_action(request, name, service)
+                ok.append(name)
+            except GantryError as exc:
+                self.message_user(request, f"{name}: {exc.message}", level=messages.ERROR)
+        if ok:
+            self.message_user(request, f"{done.capitalize()}: {', '.join(ok)}.")
+
+    def save_model(self, request, obj, form, change):
+        # Recorded in save_related, once the GPUs of the inline are saved too.
+        request._gantry_node_before = _node_snapshot(obj.pk) if change else {}
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change):
+        with operator_action(
+            actor=operator_of(request),
+            action="node.update" if change else "node.add",
+            target_type="node",
+            target_id=form.instance.name,
+            before=getattr(request, "_gantry_node_before", {}),
+        ) as pending:
+            super().save_related(request, form, formsets, change)
+            pending.after = _node_snapshot(form.instance.pk)
+            pending.skip = change and pending.after == pending.before
+
+    def fleet_view(self, request):
+        """Every node and GPU with what runs on it; drain or undrain a node from here."""
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            service = {"drain": services.drain_node, "undrain": services.undrain_node}.get(
+                request.POST.get("op", "")
+            )
+            name = request.POST.get("node", "")
+            if service is None or not name:
+                self.message_user(request, "Choose a node and drain or undrain.", messages.ERROR)
+            else:
+                try:
+                    node = _node_action(request, name, service)
+                    self.message_user(
+                        request, f"Node {name} is now {node.state}.", messages.SUCCESS
+                    )
+                except GantryError as exc:
+                    self.message_user(request, f"{name}: {exc.message}", messages.ERROR)
+            return redirect(reverse("admin:fleet"))
+        state = request.GET.get("state") or None
+        if state not in (None, *NodeState.values):
+            state = None
+        try:
+            refresh = max(0, min(int(request.GET.get("refresh", "0")), 3600))
+        except ValueError:
+            refresh = 0
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Fleet",
+            "opts": self.model._meta,
+            "fleet": fleet_overview(state=state),
+            "state": state,
+            "states": NodeState.choices,
+            "refresh": refresh,
+            "can_change": self.has_change_permission(request),
+        }
+        return TemplateResponse(request, "admin/scheduler/fleet.html", context)
+
+
+def _node_snapshot(pk) -> dict:
+    node = Node.objects.filter(pk=pk).first()
+    if node is None:
+        return {}
+    gpus = node.gpus.order_by("index").values_list("index", "gpu_type_id", "device_id")
+    return {
+        "name": node.name,
+        "state": node.state,
+        "gpus": [{"index": i, "type": t, "device": d} for i, t, d in gpus],
+    }
+
+
+def _node_action(request, name: str, service):
+    """Drain, undrain or remove one node through its service, recorded as node.<verb>."""
+    before = Node.objects.filter(name=name).values("state").first() or {}
+    with operator_action(
+        actor=operator_of(request),
+        action=f"node.{service.__name__.removesuffix('_node')}",
+        target_type="node",
+        target_id=name,
+        before=before,
+    ) as pending:
+        result = service(name=name)
+        node = result if isinstance(result, Node) else None
+        pending.after = (
+            {"state": node.state}
+            if node is not None
+            else {"state": "deleted" if result else NodeState.DOWN}
+        )
+    return result
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows written by the dispatcher: operators read them, nobody edits them here."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DispatchDecision)
+class DispatchDecisionAdmin(ReadOnlyAdmin):
+    list_display = ("at", "kind", "outcome", "job", "node_name", "gpu_type", "gpu_indices")
+    list_filter = ("kind", "outcome", "gpu_type")
+    search_fields = ("job__id", "node_name", "reason", "skip_reason")
+    date_hierarchy = "at"
+    list_select_related = False
+    raw_id_fields = ("job", "attempt")
+
+    def get_urls(self):
+        audit = path("audit/", self.admin_site.admin_view(self.audit_view), name="audit_trail")
+        return [audit, *super().get_urls()]
+
+    def audit_view(self, request):
+        """The merged audit trail (selectors_audit), newest first, with filters."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        form = AuditFilterForm(request.GET)
+        page, filters_query = None, ""
+        if form.is_valid():
+            data = form.cleaned_data
+            filters = AuditFilters(
+                org_id=data["org"].pk if data["org"] else None,
+                job_id=data["job"],
+                since=data["since"],
+                until=data["until"],
+                kinds=frozenset([data["kind"]]) if data["kind"] else frozenset(),
+            )
+            try:
+                cursor = AuditCursor.decode(data["cursor"]) if data["cursor"] else None
+                page = audit_page(filters=filters, cursor=cursor, limit=data["limit"] or 50)
+            except GantryError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            query = request.GET.copy()
+            query.pop("cursor", None)
+            filters_query = query.urlencode()
+        org_names = {}
+        if page is not None:
+            org_ids = {item.org_id for item in page.items if item.org_id}
+            org_names = dict(Org.objects.filter(pk__in=org_ids).values_list("pk", "name"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Audit trail",
+            "opts": self.model._meta,
+            "form": form,
+            "rows": [
+                {"item": item, "org_name": org_names.get(item.org_id, "")}
+                for item in (page.items if page else [])
+            ],
+            "next_cursor": page.next_cursor.encode() if page and page.next_cursor else None,
+            "filters_query": filters_query,
+            "sources": SOURCES,
+        }
+        return TemplateResponse(request, "admin/scheduler/audit_trail.html", context)
+
+
+class AuditFilterForm(forms.Form):
+    org = forms.ModelChoiceField(queryset=Org.objects.order_by("name"), required=False)
+    job = forms.UUIDField(required=False, label="Job id")
+    since = forms.DateTimeField(
+        required=False,
+        help_text="UTC, inclusive",
+        widget=forms.DateTimeInput(
+            attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S"
+        ),
+    )
+    until = forms.DateTimeField(
+        required=False,
+        help_text="UTC, exclusive",
+        widget=forms.DateTimeInput(
+            attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S"
+        ),
+    )
+    kind = forms.ChoiceField(choices=[("", "everything"), *((k, k) for k in KINDS)], required=False)
+    limit = forms.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT)
+    cursor = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def clean(self):
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since and until and until <= since:
+            self.add_error("until", "until must be later than since.")
+        return data
+
+
+@admin.register(NodeClaim)
+class NodeClaimAdmin(ReadOnlyAdmin):
+    list_display = ("job", "node", "kind", "created_at")
+    list_filter = ("kind",)
+    raw_id_fields = ("job", "decision")
+
+
+@admin.register(UsageAccount)
+class UsageAccountAdmin(ReadOnlyAdmin):
+    list_display = ("scope", "key", "value", "as_of")
+    list_filter = ("scope",)
+    search_fields = ("key",)

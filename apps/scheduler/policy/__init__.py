@@ -1,0 +1,71 @@
+"""Gantry's scheduling policy: a pure function from a cluster snapshot to decisions.
+
+No Django, no I/O, no clock: the database dispatch tick and the discrete-event simulator
+build a `ClusterSnapshot` and call `schedule(snapshot)`; they get back `Place` and
+`Preempt` decisions (and `Reserve`, which keeps a node draining for a blocked multi-GPU
+job), each with a human-readable reason for the audit trail.
+
+    from apps.scheduler.policy import ClusterSnapshot, schedule
+    decisions = schedule(snapshot)
+
+See `policy.py` for what one call does and guarantees, `fairshare.py` for the order of
+the queue, `placement.py` for gang best-fit, reservations and backfill, `preemption.py`
+for victims and entitlements, and `usage.py` for decayed usage.
+"""
+
+from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig
+from .fairshare import FairShareQueue, Pick, RunningGpus
+from .placement import CapacityIndex, Pool, Reservation
+from .policy import schedule
+from .preemption import VictimFinder, is_victim_candidate, water_fill, work_lost_gpu_seconds
+from .snapshot import (
+    ClusterSnapshot,
+    Decision,
+    Gpu,
+    GpuType,
+    Node,
+    NodeState,
+    Place,
+    Preempt,
+    QueuedJob,
+    Reserve,
+    RunningAllocation,
+    UsageSnapshot,
+)
+from .usage import DecayedUsage, accrue, decay, equivalent_gpus
+
+__all__ = [
+    "ENTERPRISE",
+    "FREE",
+    "PAID",
+    "TIERS",
+    "TIER_RANK",
+    "CapacityIndex",
+    "ClusterSnapshot",
+    "DecayedUsage",
+    "Decision",
+    "FairShareQueue",
+    "Gpu",
+    "GpuType",
+    "Node",
+    "NodeState",
+    "Pick",
+    "Place",
+    "PolicyConfig",
+    "Pool",
+    "Preempt",
+    "QueuedJob",
+    "Reservation",
+    "Reserve",
+    "RunningAllocation",
+    "RunningGpus",
+    "UsageSnapshot",
+    "VictimFinder",
+    "accrue",
+    "decay",
+    "equivalent_gpus",
+    "is_victim_candidate",
+    "schedule",
+    "water_fill",
+    "work_lost_gpu_seconds",
+]

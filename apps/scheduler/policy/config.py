@@ -1,0 +1,117 @@
+"""Tiers and the tunable knobs of the scheduling policy.
+
+Defaults (documented in docs/simulator.md, measured by the simulator):
+
+- tier weights enterprise 6, paid 3, free 1: with all three tiers busy, enterprise is
+  entitled to 60 % of the fleet, paid 30 %, free 10 %; unused entitlement flows to the
+  others in proportion to their weights (max-min fair share);
+- guaranteed floors enterprise 20 %, paid 10 %, free 5 % of the fleet: a tier below its
+  floor is served before any tier above its own, and preemption never pushes a tier
+  below its floor;
+- burst ceilings enterprise 100 %, paid 100 %, free 80 %: a tier never holds more than
+  this fraction of the fleet, so some headroom is always left for paying work;
+- usage half-life 30 min; aging within a tier: one fair share per 5 minutes of waiting
+  (12 per hour); between tiers 0.25 per hour;
+- preemption after enterprise 5 s, paid 60 s of waiting; free never preempts; a job
+  is preempted at most twice; a job that started or resumed less than 60 s ago is
+  never a victim; at most 8 preemptions per round;
+- at most half of the nodes drain for reservations at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+FREE, PAID, ENTERPRISE = "free", "paid", "enterprise"
+TIERS: tuple[str, ...] = (FREE, PAID, ENTERPRISE)
+"""All tiers, lowest first."""
+TIER_RANK: Mapping[str, int] = {tier: rank for rank, tier in enumerate(TIERS)}
+"""Higher rank = higher tier; a job may only preempt jobs of a strictly lower rank."""
+
+
+def _tier_map(**values):
+    return lambda: dict(values)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Every knob of the policy; one frozen value shared by the dispatcher and the simulator."""
+
+    tier_weights: Mapping[str, float] = field(
+        default_factory=_tier_map(enterprise=6.0, paid=3.0, free=1.0)
+    )
+    tier_floors: Mapping[str, float] = field(
+        default_factory=_tier_map(enterprise=0.20, paid=0.10, free=0.05)
+    )
+    """Guaranteed fraction of the fleet's GPUs per tier (when the tier has that much work)."""
+    tier_ceilings: Mapping[str, float] = field(
+        default_factory=_tier_map(enterprise=1.0, paid=1.0, free=0.8)
+    )
+    """Hard cap on the fraction of the fleet's GPUs a tier may hold."""
+    usage_half_life_s: float = 1800.0
+    """Half-life of the decayed GPU-seconds that fair share compares."""
+    running_weight: float = 0.5
+    """Blend between GPUs held right now (1.0) and decayed past usage (0.0) in an entity's load.
+
+    The running part reacts within a tick (a placement immediately lowers the placer's
+    priority); the decayed part remembers who has had the fleet lately."""
+    aging_shares_per_hour: float = 12.0
+    """Aging among the orgs and users of a tier: an entity's priority rises by this many
+    fair shares per hour its oldest queued job has waited."""
+    tier_aging_shares_per_hour: float = 0.25
+    """The same between tiers, kept slow: floors and decaying usage already keep a tier
+    from starving, and fast aging across tiers would turn tier weights into FIFO."""
+    preemption_wait_s: Mapping[str, float | None] = field(
+        default_factory=_tier_map(enterprise=5.0, paid=60.0, free=None)
+    )
+    """How long a job of each tier waits before it may preempt; None = never preempts."""
+    max_preemptions_per_job: int = 2
+    """A job preempted this many times is no longer a victim."""
+    min_runtime_before_preemption_s: float = 60.0
+    """A job that started or resumed less than this ago is never a victim (anti-thrash)."""
+    preemption_grace_s: float = 5.0
+    """How long a victim takes to stop; a waiting job that will fit sooner than this by
+    itself does not preempt."""
+    max_preemptions_per_tick: int = 8
+    """Upper bound on Preempt decisions per policy call (limits preemption storms)."""
+    reserved_node_share: float = 0.5
+    """At most this fraction of active nodes drain for blocked multi-GPU jobs at once
+    (reservations). Each tier may hold a share of them proportional to its fair
+    entitlement; within a tier they go in fair-share order, and are kept until the job
+    starts. The rest of the fleet stays open to long jobs that cannot backfill."""
+    scan_budget: int = 500
+    """Jobs examined in a row without a decision before the call stops (bounds the work
+    per decision on huge queues where nothing more fits)."""
+
+    def __post_init__(self):
+        for name in ("tier_weights", "tier_floors", "tier_ceilings", "preemption_wait_s"):
+            values = getattr(self, name)
+            missing = set(TIERS) - set(values)
+            if missing:
+                raise ValueError(f"{name}: missing tier(s) {sorted(missing)}")
+        for tier in TIERS:
+            if self.tier_weights[tier] <= 0:
+                raise ValueError(f"tier_weights.{tier}: must be positive")
+            if not 0.0 <= self.tier_floors[tier] <= self.tier_ceilings[tier] <= 1.0:
+                raise ValueError(f"tier {tier}: need 0 <= floor <= ceiling <= 1")
+            wait = self.preemption_wait_s[tier]
+            if wait is not None and wait < 0:
+                raise ValueError(f"preemption_wait_s.{tier}: must be >= 0 or None")
+        if sum(self.tier_floors[tier] for tier in TIERS) > 1.0 + 1e-9:
+            raise ValueError("tier_floors: floors add up to more than the whole fleet")
+        if self.usage_half_life_s <= 0:
+            raise ValueError("usage_half_life_s: must be positive")
+        if not 0.0 <= self.running_weight <= 1.0:
+            raise ValueError("running_weight: must be within [0, 1]")
+        if not 0.0 <= self.reserved_node_share <= 1.0:
+            raise ValueError("reserved_node_share: must be within [0, 1]")
+        if self.aging_shares_per_hour < 0 or self.tier_aging_shares_per_hour < 0:
+            raise ValueError("aging_shares_per_hour: must be >= 0")
+        for name in (
+            "max_preemptions_per_job",
+            "max_preemptions_per_tick",
+            "scan_budget",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0")

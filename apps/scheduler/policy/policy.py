@@ -1,0 +1,464 @@
+"""The entry point: `schedule(snapshot) -> decisions`.
+
+One call is one dispatch round:
+
+1. Claims. A job with a `claimed_node` starts there as soon as the GPUs are free, before
+   anyone else: preemption claims first (GPUs a `Preempt` freed for it), then drain
+   claims (a node a `Reserve` kept draining for it, or any GPUs free enough elsewhere).
+   Until then the GPUs stay reserved for it. A job waiting for preempted victims sits
+   the rest of the round out; a job whose node drains takes part (it may preempt).
+2. Reservations. Blocked multi-GPU jobs (no node has room for them now) get a node to
+   drain for them (`Reserve`): at most `reserved_node_share` of the nodes, split between
+   tiers by fair entitlement, granted within a tier by aged org fair share. Other jobs
+   may use a reserved node only if they finish before the reserved job's start
+   (backfill) or use GPUs it does not need; so its start never moves later.
+3. Fair-share round. Queued jobs are taken in hierarchical fair-share order
+   (`FairShareQueue`: tier → org → user → FIFO). Each starts best-fit on one node of its
+   most preferred allowed type with room, within its tier's ceiling and the
+   reservations. One that cannot start preempts if it has waited past its tier's
+   threshold, its org holds less than its fair entitlement, and nothing frees up by
+   itself within the victims' grace period (`Preempt`; the victims' GPUs become its
+   claim, handed over in a later round). Otherwise it waits; younger jobs may backfill.
+4. The round stops when the queue is exhausted, when no GPU is free and nobody may
+   preempt, or after `scan_budget` jobs in a row without a decision.
+
+Guarantees (tested, including by a property test on random snapshots): a GPU is given to
+at most one job per call, only if it is free, on an active node, and held by no
+allocation; a job's GPUs are on one node and of one type, allowed by the job and meeting
+its memory floor; no tier goes over its ceiling through placements; non-preemptible,
+stopping, recently (re)started and capped allocations are never victims, and neither are
+GPUs on a node already being freed; the snapshot is not modified; the result depends
+only on the snapshot (deterministic).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import TIER_RANK, TIERS
+from .fairshare import FairShareQueue, Pick, RunningGpus
+from .placement import CapacityIndex, Pool, Reservation
+from .preemption import VictimChoice, VictimFinder, water_fill
+from .snapshot import ClusterSnapshot, Decision, Place, Preempt, QueuedJob, Reserve
+
+
+def schedule(snapshot: ClusterSnapshot) -> list[Decision]:
+    """Decide which queued jobs start where, which allocations to preempt for whom, and
+    which nodes to drain for blocked multi-GPU jobs.
+
+    Pure: reads the snapshot, returns decisions in the order they were made; performs no
+    I/O and keeps no state between calls (what must persist travels in the snapshot,
+    as `QueuedJob.claimed_node`)."""
+    return _DispatchRound(snapshot).run()
+
+
+class _DispatchRound:
+    def __init__(self, snapshot: ClusterSnapshot):
+        self.snapshot = snapshot
+        self.config = snapshot.config
+        self.now = snapshot.now
+        self.index = CapacityIndex(
+            snapshot.nodes,
+            snapshot.running,
+            snapshot.gpu_types,
+            snapshot.now,
+            stop_delay_s=self.config.preemption_grace_s,
+        )
+        self.capacity = self.index.total_gpus
+        self.running = RunningGpus()  # held by tier/org/user, updated as the round decides
+        for allocation in snapshot.running:
+            if not allocation.stopping:
+                self.running.add(
+                    allocation.tier, allocation.org, allocation.user, allocation.gpu_count
+                )
+        self.ceiling_gpus = {t: self.config.tier_ceilings[t] * self.capacity for t in TIERS}
+        self.floor_gpus = {t: self.config.tier_floors[t] * self.capacity for t in TIERS}
+        self.decisions: list[Decision] = []
+        self.pending_claims_by_org: dict[str, int] = {}  # GPUs being freed for each org
+        self.preemptions_left = self.config.max_preemptions_per_tick
+        self.drain_budget = math.ceil(self.config.reserved_node_share * self.index.node_count)
+        self.drains_by_tier: dict[str, int] = {}
+        self._drain_quota: dict[str, int] | None = None
+        self.reservations: dict = {}  # job id -> its Reservation in this round
+        self.no_victims: set[tuple] = set()  # (types, count, tier) that found no victims
+        self.fits_soon: set[tuple] = set()  # (types, count) that need no preemption
+        self.victims = VictimFinder(self.index, self.now, self.config)
+        self.queue: FairShareQueue | None = None
+        self._org_entitlement: dict[str, float] | None = None
+        self._tier_share: dict[str, float] = {}
+
+    # -- the round ---------------------------------------------------------------------
+
+    def run(self) -> list[Decision]:
+        queued = self.snapshot.queued
+        if not queued or self.capacity == 0:
+            return self.decisions
+        sitting_out = self._serve_claims(queued)
+        if self.index.free_gpus == 0 and not self._anyone_may_preempt(queued):
+            return self.decisions  # fleet full: nothing to place, nobody to preempt for
+        jobs = queued if not sitting_out else [j for j in queued if j.id not in sitting_out]
+        self.queue = FairShareQueue(
+            jobs,
+            capacity_gpus=self.capacity,
+            config=self.config,
+            org_weights=self.snapshot.org_weights,
+            usage=self.snapshot.usage,
+            running=self.running,
+            now=self.now,
+        )
+        self._grant_drains()
+        examined_without_decision = 0
+        while examined_without_decision < self.config.scan_budget:
+            tiers = None
+            if self.index.free_gpus == 0:
+                tiers = self._tiers_that_may_preempt()
+                if not tiers:
+                    break
+            pick = self.queue.peek(tiers)
+            if pick is None:
+                break
+            placed_gpus, decided = self._consider(pick)
+            self.queue.consume(placed_gpus)
+            examined_without_decision = 0 if decided else examined_without_decision + 1
+        return self.decisions
+
+    # -- claims ------------------------------------------------------------------------
+
+    def _serve_claims(self, queued) -> set:
+        """Start claimants whose GPUs are free; keep the GPUs of the others for them.
+
+        Preemption claims go first (those GPUs were freed for that job alone), then drain
+        claims, each group highest tier and oldest first. A job waiting for a drain starts
+        wherever enough GPUs are free now, or keeps draining its node. Returns the ids of
+        the jobs that sit the fair-share round out: those started here and those waiting
+        for preempted victims to leave. A claim on a node that is gone, or that has
+        nothing of an allowed type big enough, is ignored."""
+        claimants = [job for job in queued if job.claimed_node is not None]
+        claimants.sort(key=lambda j: (-TIER_RANK.get(j.tier, 0), j.submitted_at, j.id))
+        sitting_out = set()
+        draining = []
+        for job in claimants:
+            pools = [
+                pool
+                for gpu_type in self.index.allowed_types(job)
+                if (pool := self.index.pool_by_node_type.get((job.claimed_node, gpu_type)))
+                and pool.size >= job.gpu_count
+            ]
+            if not pools or not self._within_ceiling(job):
+                continue
+            being_freed = next((pool for pool in pools if pool.preemption_locked), None)
+            if being_freed is None:
+                draining.append((job, pools))
+            elif being_freed.reservation is None:
+                if being_freed.free >= job.gpu_count:
+                    self._place(job, being_freed, "the GPUs preempted for it are free")
+                else:
+                    start = self.now + self.config.preemption_grace_s
+                    self.reservations[job.id] = self.index.reserve(
+                        being_freed, job, start, claim=True
+                    )
+                    self._add_pending_claim(job.org, job.gpu_count)
+                sitting_out.add(job.id)
+        unplaced = []
+        for job, pools in draining:
+            count = job.gpu_count
+            pools = [p for p in pools if p.reservation is None]
+            room = next((pool for pool in pools if pool.free >= count), None)
+            if room is not None:
+                self._place(job, room, "the node drained for it is free")
+                sitting_out.add(job.id)
+            elif pools:
+                # Keep draining the same node: its start can only move earlier (backfill
+                # must finish by it), so the job starts there by the time first promised.
+                pool = min(pools, key=lambda p: (p.earliest_start(count, self.now), p.ordinal))
+                self._hold_reservation(pool, job, pool.earliest_start(count, self.now))
+                unplaced.append(job)
+        for job in unplaced:
+            # Enough GPUs free elsewhere (other nodes' reservations respected): start there
+            # and release the node it was draining.
+            types = self.index.allowed_types(job)
+            if not self.index.has_room(types, job.gpu_count):
+                continue
+            end = self.now + job.max_runtime_s
+            room = self.index.best_fit(types, job.gpu_count, end, job.id)
+            if room is not None:
+                self._place(job, room, "it was waiting for a node to drain; GPUs are free")
+                sitting_out.add(job.id)
+        return sitting_out
+
+    # -- reservations for blocked multi-GPU jobs ----------------------------------------
+
+    def _grant_drains(self) -> None:
+        """Give blocked multi-GPU jobs a node to drain for them.
+
+        Tiers share the reservation budget by fair entitlement. Within a tier, the first
+        jobs of users go by their org's aged fair-share key, counting the GPUs of the
+        reservations granted so far as if running: weights decide who gets reservations,
+        and a job that has waited long enough comes first whatever its org. With the
+        claim persisted by the dispatcher the reservation is kept until the job starts."""
+        if self.drain_budget <= 0:
+            return
+        for tier in sorted(self.queue.tiers_with_jobs(), key=lambda t: -TIER_RANK[t]):
+            examined = 0
+            granted: dict[str, float] = {}
+            for job in self.queue.heads_by_org_priority(tier, granted):
+                if not self._may_drain_for(tier):
+                    break
+                examined += 1
+                if examined > self.config.scan_budget:
+                    break
+                count = job.gpu_count
+                if count < 2 or job.id in self.reservations:
+                    continue
+                types = self.index.allowed_types(job)
+                if not types or not self.index.could_ever_fit(types, count):
+                    continue
+                end = self.now + job.max_runtime_s
+                if self.index.has_room(types, count) and self.index.best_fit(
+                    types, count, end, job.id
+                ):
+                    continue  # it can start now; the fair-share round decides whether
+                pool, start = self.index.earliest_pool(types, count)
+                if pool is None:
+                    continue
+                self._hold_reservation(pool, job, start)
+                granted[job.org] = granted.get(job.org, 0.0) + count
+                waited = self.now - job.submitted_at
+                self.decisions.append(
+                    Reserve(
+                        job_id=job.id,
+                        node=pool.node,
+                        gpu_type=pool.gpu_type,
+                        start_at=start,
+                        reason=(
+                            f"job {job.id} ({tier}, org {job.org}, {count} GPUs) waited "
+                            f"{waited:.0f} s and fits nowhere now; next by fair share for a "
+                            f"reservation: draining {pool.node} "
+                            f"({pool.gpu_type}), free by t={start:.0f} at the latest; other "
+                            f"jobs start there only if done by then"
+                        ),
+                    )
+                )
+
+    # -- one job -----------------------------------------------------------------------
+
+    def _consider(self, pick: Pick) -> tuple[int, bool]:
+        """Place the job, or preempt for it, or pass over it for this round.
+
+        Returns (GPUs placed, whether a decision was made)."""
+        job = pick.job
+        count = job.gpu_count
+        types = self.index.allowed_types(job)
+        if count < 1 or not types or not self.index.could_ever_fit(types, count):
+            return 0, False  # no active node could ever hold it
+        if not self._within_ceiling(job):
+            return 0, False
+        end = self.now + job.max_runtime_s
+        if self.index.free_gpus >= count and self.index.has_room(types, count):
+            pool = self.index.best_fit(types, count, end, job.id)
+            if pool is not None:
+                self._place(job, pool, pick.describe())
+                return count, True
+        if self._try_preempt(job, types):
+            return 0, True
+        return 0, False
+
+    def _hold_reservation(self, pool: Pool, job: QueuedJob, start: float) -> Reservation:
+        reservation = self.index.reserve(pool, job, start)
+        self.reservations[job.id] = reservation
+        self.drains_by_tier[job.tier] = self.drains_by_tier.get(job.tier, 0) + 1
+        return reservation
+
+    def _release_reservation(self, job: QueuedJob) -> None:
+        reservation = self.reservations.pop(job.id, None)
+        if reservation is None:
+            return
+        self.index.release(reservation)
+        if reservation.claim:
+            self._add_pending_claim(job.org, -job.gpu_count)
+        else:
+            self.drains_by_tier[job.tier] -= 1
+
+    def _may_drain_for(self, tier: str) -> bool:
+        """Whether a new drain fits the budget overall and the tier's share of it."""
+        if sum(self.drains_by_tier.values()) >= self.drain_budget:
+            return False
+        if self._drain_quota is None:
+            self._entitlement("")  # computes the tier shares as well
+            self._drain_quota = {
+                t: max(1, math.ceil(self.drain_budget * self._tier_share[t] / self.capacity))
+                for t in TIERS
+            }
+        return self.drains_by_tier.get(tier, 0) < self._drain_quota[tier]
+
+    def _within_ceiling(self, job: QueuedJob) -> bool:
+        held = self.running.by_tier.get(job.tier, 0)
+        return held + job.gpu_count <= self.ceiling_gpus[job.tier] + 1e-9
+
+    def _place(self, job: QueuedJob, pool: Pool, why: str) -> None:
+        end = self.now + job.max_runtime_s
+        free_before = pool.free
+        reservation = pool.reservation
+        gpu_ids = self.index.take(pool, job.gpu_count, end, job.id)
+        self.running.add(job.tier, job.org, job.user, job.gpu_count)
+        self._release_reservation(job)  # fulfilled here, or no longer needed elsewhere
+        where = (
+            f"best fit on {pool.node} ({pool.gpu_type}, {free_before} of {pool.size} free "
+            f"→ {pool.free})"
+        )
+        if reservation is not None and reservation.job_id != job.id:
+            if end <= reservation.start:
+                where += (
+                    f"; backfill: done by t={end:.0f}, before job {reservation.job_id} "
+                    f"starts there at t={reservation.start:.0f}"
+                )
+            else:
+                where += f"; uses GPUs to spare beside the reservation of job {reservation.job_id}"
+        self.decisions.append(
+            Place(
+                job_id=job.id,
+                node=pool.node,
+                gpu_ids=gpu_ids,
+                gpu_type=pool.gpu_type,
+                reason=f"{why}; {where}",
+            )
+        )
+
+    def _add_pending_claim(self, org: str, gpus: int) -> None:
+        self.pending_claims_by_org[org] = max(0, self.pending_claims_by_org.get(org, 0) + gpus)
+
+    # -- preemption --------------------------------------------------------------------
+
+    def _waited_past_threshold(self, tier: str, submitted_at: float) -> bool:
+        threshold = self.config.preemption_wait_s.get(tier)
+        return threshold is not None and self.now - submitted_at >= threshold
+
+    def _anyone_may_preempt(self, queued) -> bool:
+        if self.preemptions_left <= 0:
+            return False
+        return any(
+            job.claimed_node is None and self._waited_past_threshold(job.tier, job.submitted_at)
+            for job in queued
+        )
+
+    def _tiers_that_may_preempt(self) -> list[str]:
+        if self.preemptions_left <= 0:
+            return []
+        tiers = []
+        for tier in self.queue.tiers_with_jobs():
+            oldest = self.queue.oldest_submitted(tier)
+            if oldest is not None and self._waited_past_threshold(tier, oldest):
+                tiers.append(tier)
+        return tiers
+
+    def _try_preempt(self, job: QueuedJob, types: tuple[str, ...]) -> bool:
+        """Preempt for a job that has waited past its tier's threshold, if it may and
+        must; True when a `Preempt` decision was made."""
+        if self.preemptions_left <= 0 or not self._waited_past_threshold(
+            job.tier, job.submitted_at
+        ):
+            return False
+        victims_key = (types, job.gpu_count, job.tier)
+        if victims_key in self.no_victims or (types, job.gpu_count) in self.fits_soon:
+            return False
+        held = self.running.by_org.get(job.org, 0) + self.pending_claims_by_org.get(job.org, 0)
+        if held >= self._entitlement(job.org) - 1e-9:
+            return False  # its org already holds its fair share: wait, do not take
+        job_rank = TIER_RANK[job.tier]
+        soon = self.now + self.config.preemption_grace_s
+        own = self.reservations.get(job.id)
+        if own is not None and own.start <= soon:
+            return False  # its reserved GPUs free up as soon as victims could leave
+        _, start = self.index.earliest_pool(types, job.gpu_count)
+        if start <= soon:
+            self.fits_soon.add((types, job.gpu_count))
+            return False  # GPUs free up by themselves as soon as victims could leave
+        choice = self.victims.find(
+            types, job.gpu_count, job_rank, self._tiers_may_lose, job_id=job.id
+        )
+        if choice is None:
+            self.no_victims.add(victims_key)
+            return False
+        self._preempt(job, choice)
+        return True
+
+    def _tiers_may_lose(self, gpus_by_tier) -> bool:
+        """Preemption never takes a tier below its guaranteed floor."""
+        return all(
+            self.running.by_tier.get(tier, 0) - gpus >= self.floor_gpus[tier] - 1e-9
+            for tier, gpus in gpus_by_tier.items()
+        )
+
+    def _preempt(self, job: QueuedJob, choice: VictimChoice) -> None:
+        pool = choice.pool
+        for victim in choice.victims:
+            self.victims.taken.add(victim.id)
+            self.running.add(victim.tier, victim.org, victim.user, -victim.gpu_count)
+        pool.preemption_locked = True
+        # A drain it held is abandoned: the dispatcher moves its claim to this node.
+        self._release_reservation(job)
+        start = self.now + self.config.preemption_grace_s
+        self.reservations[job.id] = self.index.reserve(pool, job, start, claim=True)
+        self._add_pending_claim(job.org, job.gpu_count)
+        self.preemptions_left -= 1
+        waited = self.now - job.submitted_at
+        victims = ", ".join(
+            f"job {v.job_id} ({v.tier}, {v.gpu_count} GPU{'s' if v.gpu_count > 1 else ''})"
+            for v in choice.victims
+        )
+        self.decisions.append(
+            Preempt(
+                allocation_ids=tuple(v.id for v in choice.victims),
+                job_ids=tuple(v.job_id for v in choice.victims),
+                node=pool.node,
+                for_job_id=job.id,
+                reason=(
+                    f"job {job.id} ({job.tier}, org {job.org}) waited {waited:.0f} s, past the "
+                    f"{job.tier} threshold of {self.config.preemption_wait_s[job.tier]:.0f} s, "
+                    f"and {job.gpu_count} {pool.gpu_type} GPU(s) are not free on any node; "
+                    f"stopping {victims} on {pool.node}, losing "
+                    f"{choice.lost_gpu_seconds:.0f} GPU-s since their last checkpoint"
+                ),
+            )
+        )
+
+    # -- entitlements ------------------------------------------------------------------
+
+    def _entitlement(self, org: str) -> float:
+        """The org's max-min fair share of the fleet in GPUs (computed once per round)."""
+        if self._org_entitlement is None:
+            self._org_entitlement = self._compute_entitlements()
+        return self._org_entitlement.get(org, 0.0)
+
+    def _compute_entitlements(self) -> dict[str, float]:
+        """Water-fill the fleet over tiers (weights, floors, ceilings), then each tier's
+        share over its orgs (org weights), capped by what each holds plus queues."""
+        org_tier: dict[str, str] = {}
+        org_demand: dict[str, float] = {}
+        for allocation in self.snapshot.running:
+            if not allocation.stopping:
+                org_tier.setdefault(allocation.org, allocation.tier)
+                org_demand[allocation.org] = (
+                    org_demand.get(allocation.org, 0) + allocation.gpu_count
+                )
+        for (tier, org), gpus in self.queue.queued_gpus_by_org.items():
+            org_tier.setdefault(org, tier)
+            org_demand[org] = org_demand.get(org, 0) + gpus
+        tier_demand = dict.fromkeys(TIERS, 0.0)
+        for org, demand in org_demand.items():
+            tier_demand[org_tier[org]] = tier_demand.get(org_tier[org], 0.0) + demand
+        tier_share = self._tier_share = water_fill(
+            self.capacity,
+            tier_demand,
+            self.config.tier_weights,
+            floors=self.floor_gpus,
+            ceilings=self.ceiling_gpus,
+        )
+        weights = self.snapshot.org_weights
+        entitlement: dict[str, float] = {}
+        for tier in TIERS:
+            orgs = {org: d for org, d in org_demand.items() if org_tier[org] == tier}
+            if orgs:
+                org_weights = {org: weights.get(org, 1.0) for org in orgs}
+                entitlement.update(water_fill(tier_share[tier], orgs, org_weights))
+        return entitlement

@@ -1,0 +1,227 @@
+"""Victim selection and the fair entitlements that decide who may preempt.
+
+A waiting job may preempt only when all of these hold (checked by the policy):
+
+- its tier has a preemption threshold and the job has waited at least that long;
+- it cannot be placed now, nor will it fit by itself within the victims' grace period;
+- its org holds (counting GPUs already being freed for it) less than its *entitlement*:
+  the max-min fair share of the fleet by weights (tier, then org), given what everyone
+  currently holds and queues. Preemption restores fair share; an org at or above its
+  share waits like everyone else.
+
+Victims (this module) are chosen on one node, in one pool of an allowed GPU type:
+
+- only allocations that are preemptible, not already stopping, of a strictly lower tier,
+  preempted fewer than `max_preemptions_per_job` times, and running for at least
+  `min_runtime_before_preemption_s` since they started or resumed;
+- never on a node whose GPUs are already being freed by a preemption;
+- never taking a victim's tier below its guaranteed floor;
+- the best set minimises, in this order: the number of victims, the highest victim tier,
+  the sum of victim tiers, the GPU-seconds of work lost since their last checkpoint, the
+  GPUs freed beyond what is needed; then the job's type preference and node order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from itertools import combinations
+
+from .config import TIER_RANK, PolicyConfig
+from .placement import CapacityIndex, Pool
+from .snapshot import RunningAllocation
+
+
+@dataclass(frozen=True, slots=True)
+class VictimChoice:
+    pool: Pool
+    victims: tuple[RunningAllocation, ...]
+    lost_gpu_seconds: float
+    freed_gpus: int
+    sort_key: tuple
+
+
+def work_lost_gpu_seconds(allocation: RunningAllocation, now: float) -> float:
+    """GPU-seconds of progress an allocation loses if stopped now: everything since its
+    last checkpoint of this attempt (or since it started, without one)."""
+    checkpoint = allocation.last_checkpoint_at
+    since = allocation.started_at if checkpoint is None else max(checkpoint, allocation.started_at)
+    return max(0.0, now - since) * allocation.gpu_count
+
+
+def is_victim_candidate(
+    allocation: RunningAllocation, job_rank: int, now: float, config: PolicyConfig
+) -> bool:
+    """Per-allocation eligibility (the node-level and floor checks come on top)."""
+    return (
+        allocation.preemptible
+        and not allocation.stopping
+        and TIER_RANK.get(allocation.tier, len(TIER_RANK)) < job_rank
+        and allocation.preemptions < config.max_preemptions_per_job
+        and now - allocation.started_at >= config.min_runtime_before_preemption_s
+    )
+
+
+class VictimFinder:
+    """Finds the best victim set for a job. Per-pool candidates are gathered once per
+    call, so each search is a cheap pass over the pools of the job's types plus an
+    exhaustive choice (at most C(8, 4) = 70 subsets) on the pools that could do."""
+
+    def __init__(self, index: CapacityIndex, now: float, config: PolicyConfig):
+        self._index = index
+        self._now = now
+        self._config = config
+        # pool ordinal -> (candidates as (allocation, rank, gpus, lost), GPUs below rank r)
+        self._pools: dict[int, tuple[list[tuple], list[int]]] = {}
+        self.taken: set = set()  # allocation ids chosen as victims during this call
+
+    def _pool_info(self, pool: Pool) -> tuple[list[tuple], list[int]]:
+        info = self._pools.get(pool.ordinal)
+        if info is None:
+            now, config, ranks = self._now, self._config, TIER_RANK
+            protected_since = now - config.min_runtime_before_preemption_s
+            cap = config.max_preemptions_per_job
+            candidates = []
+            for allocation in pool.allocations:
+                # `is_victim_candidate` without the rank test, which depends on the job.
+                rank = ranks.get(allocation.tier)
+                if (
+                    rank is None
+                    or not allocation.preemptible
+                    or allocation.stopping
+                    or allocation.preemptions >= cap
+                    or allocation.started_at > protected_since
+                ):
+                    continue
+                gpus = len(allocation.gpu_ids)
+                candidates.append((allocation, rank, gpus, work_lost_gpu_seconds(allocation, now)))
+            candidates.sort(key=_largest_then_least_lost)
+            below = [0] * (len(ranks) + 1)
+            for _, rank, gpus, _ in candidates:
+                for above in range(rank + 1, len(below)):
+                    below[above] += gpus
+            info = self._pools[pool.ordinal] = (candidates, below)
+        return info
+
+    def find(
+        self,
+        types: Iterable[str],
+        count: int,
+        job_rank: int,
+        may_lose: Callable[[Mapping[str, int]], bool],
+        job_id=None,
+    ) -> VictimChoice | None:
+        """The best victim set freeing `count` GPUs in one pool of `types`.
+
+        Pools reserved for another job are left alone. `may_lose(gpus_by_tier)` says
+        whether the tiers can give up those GPUs (floors)."""
+        best: VictimChoice | None = None
+        for type_rank, gpu_type in enumerate(types):
+            for pool in self._index.pools_by_type.get(gpu_type, ()):
+                if pool.size < count or pool.preemption_locked:
+                    continue
+                if pool.reservation is not None and pool.reservation.job_id != job_id:
+                    continue
+                need = count - pool.free
+                if need <= 0:
+                    continue
+                candidates, below = self._pool_info(pool)
+                if below[job_rank] < need:
+                    continue
+                usable = [c for c in candidates if c[1] < job_rank and c[0].id not in self.taken]
+                choice = self._best_in_pool(pool, usable, need, type_rank, may_lose, best)
+                if choice is not None:
+                    best = choice
+                    if best.sort_key[:4] == (1, 0, 0, 0.0):
+                        return best  # one free-tier victim losing nothing: cannot do better
+        return best
+
+    def _best_in_pool(
+        self, pool, candidates, need, type_rank, may_lose, incumbent
+    ) -> VictimChoice | None:
+        """The best subset of `candidates` (sorted largest first) freeing `need` GPUs, if
+        it beats `incumbent`."""
+        total, fewest = 0, 0
+        for size in (c[2] for c in candidates):
+            total += size
+            fewest += 1
+            if total >= need:
+                break
+        if total < need:
+            return None
+        best = None
+        for k in range(fewest, len(candidates) + 1):
+            if incumbent is not None and k > incumbent.sort_key[0]:
+                return None  # more victims than the best found elsewhere
+            for subset in combinations(candidates, k):
+                freed = sum(c[2] for c in subset)
+                if freed < need:
+                    continue
+                ranks = [c[1] for c in subset]
+                lost = sum(c[3] for c in subset)
+                key = (k, max(ranks), sum(ranks), lost, freed - need, type_rank, pool.ordinal)
+                if (best is not None and key >= best.sort_key) or (
+                    incumbent is not None and key >= incumbent.sort_key
+                ):
+                    continue
+                by_tier: dict[str, int] = {}
+                for allocation, _, gpus, _ in subset:
+                    by_tier[allocation.tier] = by_tier.get(allocation.tier, 0) + gpus
+                if not may_lose(by_tier):
+                    continue
+                best = VictimChoice(
+                    pool=pool,
+                    victims=tuple(c[0] for c in subset),
+                    lost_gpu_seconds=lost,
+                    freed_gpus=freed,
+                    sort_key=key,
+                )
+            if best is not None:
+                return best
+        return None
+
+
+def _largest_then_least_lost(candidate: tuple) -> tuple:
+    return (-candidate[2], candidate[3])
+
+
+def water_fill(
+    capacity: float,
+    demands: Mapping[str, float],
+    weights: Mapping[str, float],
+    floors: Mapping[str, float] | None = None,
+    ceilings: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Max-min fair division of `capacity` by `weights`, capped by demand and ceilings.
+
+    Nobody gets more than it asks for; what a satisfied claimant leaves is shared among
+    the rest in proportion to their weights. Afterwards each claimant is raised to its
+    floor (capped by its demand)."""
+    caps = {
+        key: min(demand, ceilings.get(key, demand) if ceilings else demand)
+        for key, demand in demands.items()
+    }
+    share = dict.fromkeys(demands, 0.0)
+    open_keys = {key for key, cap in caps.items() if cap > 0}
+    remaining = capacity
+    while open_keys and remaining > 1e-9:
+        total_weight = sum(weights.get(key, 1.0) for key in open_keys)
+        per_weight = remaining / total_weight
+        saturated = [
+            key
+            for key in open_keys
+            if caps[key] - share[key] <= per_weight * weights.get(key, 1.0) + 1e-9
+        ]
+        if not saturated:
+            for key in open_keys:
+                share[key] += per_weight * weights.get(key, 1.0)
+            remaining = 0.0
+            break
+        for key in saturated:
+            remaining -= caps[key] - share[key]
+            share[key] = caps[key]
+            open_keys.discard(key)
+    if floors:
+        for key in share:
+            share[key] = max(share[key], min(caps[key], floors.get(key, 0.0)))
+    return share

@@ -1,0 +1,157 @@
+"""Decayed GPU-seconds per tier, org and user: what fair share remembers.
+
+Finished attempts are folded into `UsageAccount` rows once each (record_attempt_usage);
+attempts still holding GPUs are counted by the snapshot from their start time, so a
+running job weighs on its owner at once and nothing is counted twice. Rows are touched
+once per finished attempt, never per heartbeat (the hot path stays on per-hold rows).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from apps.accounts.models import Org
+from apps.jobs.models import Attempt
+from apps.scheduler.models import RecordedAttemptUsage, UsageAccount, UsageScope
+from apps.scheduler.policy import decay
+
+# Past this many half-lives a usage row is below a billionth of its value: not read.
+FORGOTTEN_AFTER_HALF_LIVES = 30
+
+
+def half_life_s() -> float:
+    return float(settings.GANTRY_USAGE_HALF_LIFE_S)
+
+
+def user_key(org_id, user_id) -> str:
+    return f"{org_id}/{user_id or ''}"
+
+
+def spread_factor(duration_s: float, half_life: float) -> float:
+    """Decayed worth, at the end of a span, of usage spread evenly over that span.
+
+    One GPU held for d seconds leaves h/ln2 · (1 - 2^(-d/h)) decayed GPU-seconds at its
+    end, i.e. d times this factor (≤ 1; 1 for an instant)."""
+    if duration_s <= 0:
+        return 1.0
+    x = duration_s / half_life
+    return -math.expm1(-x * math.log(2)) / (x * math.log(2))
+
+
+def record_gpu_usage(
+    *,
+    org_id,
+    user_id,
+    gpu_seconds: float,
+    tier: str | None = None,
+    spread_over_s: float = 0.0,
+) -> None:
+    """Add `gpu_seconds` used by `user_id` of `org_id` (tier: the org's if not given).
+
+    Each of the tier's, org's and user's decayed value is brought forward to the
+    database's now() and increased, in one UPSERT that locks the three rows in that fixed
+    order. `spread_over_s` > 0 says the usage happened evenly over that many seconds up
+    to now (a finished attempt), so it has already partly decayed. Not idempotent: call
+    record_attempt_usage for an attempt.
+    """
+    if gpu_seconds <= 0:
+        return
+    if tier is None:
+        tier = Org.objects.values_list("tier", flat=True).get(pk=org_id)
+    half_life = half_life_s()
+    worth = gpu_seconds * spread_factor(spread_over_s, half_life)
+    table = UsageAccount._meta.db_table
+    keys = [
+        (UsageScope.TIER, tier),
+        (UsageScope.ORG, str(org_id)),
+        (UsageScope.USER, user_key(org_id, user_id)),
+    ]
+    values = ", ".join(["(%s, %s, %s, now())"] * len(keys))
+    params = [item for scope, key in keys for item in (scope.value, key, worth)]
+    with connection.cursor() as cursor:
+        # S608: the table name is our own model's; every value is a bound parameter.
+        cursor.execute(
+            f"INSERT INTO {table} (scope, key, value, as_of) VALUES {values} "  # noqa: S608
+            f"ON CONFLICT (scope, key) DO UPDATE SET "
+            f"value = {table}.value * power(2.0::float8, -GREATEST(0.0::float8, "
+            f"EXTRACT(EPOCH FROM now() - {table}.as_of)::float8) / %s) + EXCLUDED.value, "
+            f"as_of = GREATEST({table}.as_of, now())",
+            [*params, half_life],
+        )
+
+
+def record_attempt_usage(*, attempt_id) -> float | None:
+    """Fold the GPU time of one attempt into its owner's usage, exactly once.
+
+    Call it when the attempt finishes (after its row says finished). GPU time is the
+    attempt's metered gpu_ms, or its wall time times its GPUs when nothing was metered. Returns
+    the GPU-seconds recorded, or None if the attempt never started or was recorded
+    before (a second call changes nothing).
+    """
+    row = (
+        Attempt.objects.filter(pk=attempt_id)
+        .values_list(
+            "gpu_ms",
+            "gpu_indices",
+            "started_at",
+            "finished_at",
+            "job__tier",
+            "job__org_id",
+            "job__user_id",
+        )
+        .first()
+    )
+    if row is None or row[2] is None:
+        return None
+    gpu_ms, indices, started_at, finished_at, tier, org_id, user_id = row
+    with transaction.atomic():
+        now = _db_now()
+        span = max(0.0, ((finished_at or now) - started_at).total_seconds())
+        gpu_seconds = gpu_ms / 1000 if gpu_ms > 0 else span * len(indices)
+        table = RecordedAttemptUsage._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (attempt_id, gpu_seconds, recorded_at) "  # noqa: S608
+                "VALUES (%s, %s, now()) ON CONFLICT (attempt_id) DO NOTHING RETURNING 1",
+                [attempt_id, gpu_seconds],
+            )
+            if cursor.fetchone() is None:
+                return None
+        record_gpu_usage(
+            org_id=org_id,
+            user_id=user_id,
+            tier=tier,
+            gpu_seconds=gpu_seconds,
+            spread_over_s=span,
+        )
+    return gpu_seconds
+
+
+def decayed_accounts(now: datetime) -> dict[tuple[str, str], float]:
+    """Every remembered (scope, key) → decayed GPU-seconds at `now` (one query)."""
+    half_life = half_life_s()
+    horizon = FORGOTTEN_AFTER_HALF_LIVES * half_life
+    rows = UsageAccount.objects.filter(as_of__gt=now - timedelta(seconds=horizon)).values_list(
+        "scope", "key", "value", "as_of"
+    )
+    return {
+        (scope, key): decay(value, (now - as_of).total_seconds(), half_life)
+        for scope, key, value, as_of in rows
+    }
+
+
+def running_worth(elapsed_s: float, gpus: int, half_life: float) -> float:
+    """Decayed GPU-seconds, now, of `gpus` held for the last `elapsed_s` seconds."""
+    if elapsed_s <= 0:
+        return 0.0
+    return gpus * elapsed_s * spread_factor(elapsed_s, half_life)
+
+
+def _db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]

@@ -1,0 +1,80 @@
+"""`python -m apps.scheduler.simulate`: run a scenario and print the report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .runner import POLICIES, SCENARIOS, run_scenario
+
+
+def _quota(text: str) -> dict[str, int | None]:
+    """Parse `free=2,paid=8,enterprise=none`."""
+    quota: dict[str, int | None] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        tier, _, value = part.partition("=")
+        if tier not in ("free", "paid", "enterprise") or not value:
+            raise argparse.ArgumentTypeError(f"bad quota {part!r}: use TIER=N or TIER=none")
+        quota[tier] = None if value.lower() in ("none", "0", "unlimited") else int(value)
+    return quota
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m apps.scheduler.simulate",
+        description="Discrete-event simulation of Gantry's GPU scheduling policy.",
+    )
+    parser.add_argument("--scenario", choices=SCENARIOS, default="steady")
+    parser.add_argument(
+        "--policy", choices=[*POLICIES, "all"], default="all", help="policy to run (all: each)"
+    )
+    parser.add_argument("--gpus", type=int, default=1000, help="synthetic fleet size (8/node)")
+    parser.add_argument("--duration", type=float, default=3600.0, help="virtual seconds")
+    parser.add_argument("--warmup", type=float, default=None, help="default: 15%% of duration")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--overload", type=float, default=2.0, help="offered demand / fleet")
+    parser.add_argument("--flood-jobs", type=int, default=10_000)
+    parser.add_argument(
+        "--queue-quota",
+        type=_quota,
+        default=None,
+        help="queued jobs per user and tier, e.g. free=2,paid=8,enterprise=none "
+        "(default that; the trace replay admits everything)",
+    )
+    parser.add_argument("--fleet-file", help="a GANTRY_FLEET_FILE JSON instead of --gpus")
+    parser.add_argument("--trace", help="trace CSV for --scenario trace")
+    parser.add_argument("--trace-speedup", type=float, default=None, help="default: fit span")
+    parser.add_argument("--trace-max-work", type=float, default=3600.0, help="cap run times (s)")
+    parser.add_argument("--out", help="directory for PNG plots")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    policies = list(POLICIES) if args.policy == "all" else [args.policy]
+    try:
+        report = run_scenario(
+            args.scenario,
+            policies,
+            gpus=args.gpus,
+            duration_s=args.duration,
+            seed=args.seed,
+            fleet_file=args.fleet_file,
+            trace_path=args.trace,
+            trace_speedup=args.trace_speedup,
+            trace_max_work_s=args.trace_max_work,
+            overload=args.overload,
+            flood_jobs=args.flood_jobs,
+            warmup_s=args.warmup,
+            queue_quota=args.queue_quota,
+            out_dir=args.out,
+        )
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Fleets for the simulator: a synthetic H100/A100 fleet, or a GANTRY_FLEET_FILE."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from apps.scheduler.fleet import read_fleet_file  # the one parser of the fleet format (no DB)
+from apps.scheduler.policy import GpuType
+
+H100 = GpuType("H100", memory_gb=80, price_per_gpu_hour=4_000_000)
+A100 = GpuType("A100", memory_gb=40, price_per_gpu_hour=2_500_000)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetModel:
+    gpu_types: tuple[GpuType, ...]
+    nodes: tuple[tuple[str, tuple[str, ...]], ...]  # (node name, GPU type of each device)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(len(gpus) for _, gpus in self.nodes)
+
+    def describe(self) -> str:
+        by_type: dict[str, int] = {}
+        for _, gpus in self.nodes:
+            for gpu_type in gpus:
+                by_type[gpu_type] = by_type.get(gpu_type, 0) + 1
+        mix = ", ".join(f"{count} {name}" for name, count in sorted(by_type.items()))
+        return f"{len(self.nodes)} nodes, {self.total_gpus} GPUs ({mix})"
+
+
+def synthetic_fleet(total_gpus: int, h100_share: float = 0.4, gpus_per_node: int = 8) -> FleetModel:
+    """Nodes of `gpus_per_node` GPUs, about `h100_share` of them H100 (80 GB), the rest
+    A100 (40 GB). The last node is smaller if `total_gpus` is not a multiple."""
+    if total_gpus < 1:
+        raise ValueError("a fleet needs at least one GPU")
+    node_count = -(-total_gpus // gpus_per_node)
+    h100_nodes = round(node_count * h100_share)
+    nodes = []
+    remaining = total_gpus
+    for i in range(node_count):
+        size = min(gpus_per_node, remaining)
+        remaining -= size
+        kind = "H100" if i < h100_nodes else "A100"
+        nodes.append((f"{kind.lower()}-{i:04d}", (kind,) * size))
+    return FleetModel(gpu_types=(H100, A100), nodes=tuple(nodes))
+
+
+def fleet_from_file(path: str | Path) -> FleetModel:
+    spec = read_fleet_file(path)
+    gpu_types = tuple(
+        GpuType(name, memory_gb=memory, price_per_gpu_hour=price)
+        for name, (memory, price) in spec.gpu_types.items()
+    )
+    nodes = tuple((name, tuple(kind for kind, _ in gpus)) for name, gpus in spec.nodes)
+    return FleetModel(gpu_types=gpu_types, nodes=nodes)

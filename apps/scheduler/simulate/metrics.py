@@ -1,0 +1,170 @@
+"""Turning a `SimResult` into the figures of the report.
+
+Definitions (all over the measured window [warm-up, end)):
+
+- utilisation while work is queued: GPU-seconds held / GPU-seconds available, over the
+  1 s intervals after whose tick some job was still waiting;
+- start wait: first start − submission, for admitted jobs submitted in the window; a job
+  still waiting at the end counts with its wait so far (a lower bound), so "max" is the
+  longest any job has waited, started or not;
+- Jain's index per tier: x_i = GPU-seconds_i / weight_i over the orgs of the tier that
+  had demand throughout (work queued or running during ≥ 95 % of the window's ticks),
+  J = (Σx)² / (n Σx²); 1 means GPU-seconds exactly follow weights;
+- work lost: GPU-seconds of progress destroyed by preemption (since the victims' last
+  checkpoint, plus their stop delay), also as a share of all GPU time in the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from apps.scheduler.policy import TIERS
+
+from .engine import JobRecord, SimResult
+
+DEMAND_THROUGHOUT = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class WaitStats:
+    count: int
+    still_waiting: int
+    p50: float
+    p95: float
+    max: float
+
+    def cell(self) -> str:
+        if not self.count:
+            return "–"
+        return f"{self.p50:.0f} / {self.p95:.0f} / {self.max:.0f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    policy: str
+    scenario: str
+    utilisation_while_queued: float
+    waits: dict[str, WaitStats]
+    jain: dict[str, tuple[float | None, int]]  # tier -> (index, orgs counted)
+    preemptions: int
+    lost_gpu_seconds: float
+    lost_fraction: float
+    admitted: int
+    rejected: int
+    started: int
+    cpu_time_s: float
+    policy_time_s: float
+
+
+def jain_index(values: Iterable[float]) -> float | None:
+    xs = [float(v) for v in values]
+    if len(xs) < 2:
+        return None
+    square_sum = sum(x * x for x in xs)
+    if square_sum == 0:
+        return None
+    return sum(xs) ** 2 / (len(xs) * square_sum)
+
+
+def wait_stats(
+    result: SimResult, keep: Callable[[JobRecord], bool] = lambda record: True
+) -> WaitStats:
+    waits, still_waiting = [], 0
+    for record in result.jobs:
+        if not record.admitted or not result.warmup_s <= record.submit_at < result.duration_s:
+            continue
+        if not keep(record):
+            continue
+        if record.first_start is None:
+            still_waiting += 1
+            waits.append(result.duration_s - record.submit_at)
+        else:
+            waits.append(record.first_start - record.submit_at)
+    if not waits:
+        return WaitStats(0, 0, 0.0, 0.0, 0.0)
+    values = np.asarray(waits)
+    return WaitStats(
+        count=len(waits),
+        still_waiting=still_waiting,
+        p50=float(np.percentile(values, 50)),
+        p95=float(np.percentile(values, 95)),
+        max=float(values.max()),
+    )
+
+
+def tier_jain(result: SimResult, tier: str) -> tuple[float | None, int]:
+    if not result.window_ticks:
+        return None, 0
+    shares = [
+        result.org_gpu_seconds.get(org, 0.0) / result.org_weight.get(org, 1.0)
+        for org, org_tier in result.org_tier.items()
+        if org_tier == tier
+        and result.org_active_ticks.get(org, 0) >= DEMAND_THROUGHOUT * result.window_ticks
+    ]
+    return jain_index(shares), len(shares)
+
+
+def utilisation_while_queued(result: SimResult) -> float:
+    start = int(result.warmup_s)
+    samples = [
+        busy
+        for second, busy in enumerate(result.utilisation)
+        if second >= start and second < len(result.work_queued) and result.work_queued[second]
+    ]
+    return float(np.mean(samples)) if samples else 0.0
+
+
+def summarize(result: SimResult) -> Summary:
+    window = result.duration_s - result.warmup_s
+    gpu_time = result.total_gpus * window
+    admitted = [r for r in result.jobs if r.admitted]
+    return Summary(
+        policy=result.policy,
+        scenario=result.scenario,
+        utilisation_while_queued=utilisation_while_queued(result),
+        waits={tier: wait_stats(result, lambda r, t=tier: r.tier == t) for tier in TIERS},
+        jain={tier: tier_jain(result, tier) for tier in TIERS},
+        preemptions=result.preemptions,
+        lost_gpu_seconds=result.lost_gpu_seconds,
+        lost_fraction=result.lost_gpu_seconds / gpu_time if gpu_time else 0.0,
+        admitted=len(admitted),
+        rejected=sum(result.rejected.values()),
+        started=sum(1 for r in admitted if r.first_start is not None),
+        cpu_time_s=result.cpu_time_s,
+        policy_time_s=result.policy_time_s,
+    )
+
+
+TABLE_TIERS = ("enterprise", "paid", "free")
+
+
+def format_table(summaries: list[Summary]) -> str:
+    """A Markdown table, one row per policy run."""
+    header = (
+        "| policy | util. while queued | "
+        + " | ".join(f"{tier} wait p50 / p95 / max (s)" for tier in TABLE_TIERS)
+        + " | Jain "
+        + " / ".join(TABLE_TIERS)
+        + " | preemptions | work lost GPU-h (% of GPU time) | admitted / rejected | sim CPU s |"
+    )
+    rule = "|" + "---|" * (header.count("|") - 1)
+    rows = [header, rule]
+    for s in summaries:
+        jain = " / ".join(
+            "–" if s.jain[tier][0] is None else f"{s.jain[tier][0]:.3f}" for tier in TABLE_TIERS
+        )
+        rows.append(
+            f"| {s.policy} | {s.utilisation_while_queued:.1%} | "
+            + " | ".join(s.waits[tier].cell() for tier in TABLE_TIERS)
+            + f" | {jain} | {s.preemptions} | "
+            f"{s.lost_gpu_seconds / 3600:.1f} ({s.lost_fraction:.2%}) | "
+            f"{s.admitted} / {s.rejected} | {s.cpu_time_s:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def jain_counts(summary: Summary) -> str:
+    return ", ".join(f"{tier} {summary.jain[tier][1]} orgs" for tier in TABLE_TIERS)

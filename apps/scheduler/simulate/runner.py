@@ -1,0 +1,201 @@
+"""Run a scenario under one or more policies and assemble the report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apps.scheduler.policy import PolicyConfig, schedule
+
+from . import baselines, workload
+from .engine import PolicyFunction, SimResult, Simulation
+from .fleet import FleetModel, fleet_from_file, synthetic_fleet
+from .metrics import Summary, format_table, jain_counts, summarize, wait_stats
+
+POLICIES: dict[str, PolicyFunction] = {
+    "fair": schedule,
+    "fifo": baselines.fifo,
+    "strict": baselines.strict_priority,
+}
+SCENARIOS = ("steady", "flood", "spike", "trace")
+
+
+@dataclass(frozen=True, slots=True)
+class FloodImpact:
+    """Other enterprise customers' p95 start wait with and without the flood."""
+
+    policy: str
+    p95_without: float
+    p95_with: float
+    jobs: int
+
+    @property
+    def growth(self) -> float:
+        if self.p95_without <= 0:
+            return 0.0 if self.p95_with <= 0 else float("inf")
+        return self.p95_with / self.p95_without - 1.0
+
+
+@dataclass(slots=True)
+class ScenarioReport:
+    scenario: str
+    fleet: FleetModel
+    notes: list[str]
+    results: list[SimResult]
+    summaries: list[Summary]
+    flood: list[FloodImpact] = field(default_factory=list)
+    baseline_results: list[SimResult] = field(default_factory=list)  # flood: without it
+    plots: list[Path] = field(default_factory=list)
+
+    def text(self) -> str:
+        lines = [f"scenario: {self.scenario} — fleet: {self.fleet.describe()}"]
+        lines += [f"workload: {note}" for note in self.notes]
+        if self.results:
+            first = self.results[0]
+            lines.append(
+                f"virtual time: {first.duration_s:.0f} s, measured after a "
+                f"{first.warmup_s:.0f} s warm-up"
+            )
+        lines += ["", format_table(self.summaries), ""]
+        lines += [f"Jain orgs counted ({s.policy}): {jain_counts(s)}" for s in self.summaries]
+        if self.flood:
+            lines += [
+                "",
+                "| policy | other enterprise p95 wait, no flood (s) | with flood (s) | growth "
+                "| jobs |",
+                "|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {f.policy} | {f.p95_without:.1f} | {f.p95_with:.1f} | {f.growth:+.1%} | "
+                f"{f.jobs} |"
+                for f in self.flood
+            ]
+        if self.plots:
+            lines += ["", *[f"plot: {path}" for path in self.plots]]
+        return "\n".join(lines)
+
+
+def build_fleet(gpus: int, fleet_file: str | Path | None) -> FleetModel:
+    return fleet_from_file(fleet_file) if fleet_file else synthetic_fleet(gpus)
+
+
+def build_workload(
+    scenario: str,
+    fleet: FleetModel,
+    duration_s: float,
+    seed: int,
+    *,
+    overload: float = 2.0,
+    flood_jobs: int = 10_000,
+    trace_path: str | Path | None = None,
+    trace_speedup: float | None = None,
+    trace_max_work_s: float = 3600.0,
+) -> workload.Workload:
+    types, total = fleet.gpu_types, fleet.total_gpus
+    if scenario == "steady":
+        return workload.steady(types, total, duration_s, seed, overload)
+    if scenario == "flood":
+        return workload.flood(types, total, duration_s, seed, flood_jobs, overload=overload)
+    if scenario == "spike":
+        return workload.spike(types, total, duration_s, seed, overload=overload)
+    if scenario == "trace":
+        if not trace_path:
+            raise ValueError("the trace scenario needs a trace CSV (--trace PATH)")
+        return workload.trace(trace_path, types, duration_s, trace_speedup, trace_max_work_s)
+    raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+
+
+def run_scenario(
+    scenario: str,
+    policies: list[str],
+    *,
+    gpus: int = 1000,
+    duration_s: float = 3600.0,
+    seed: int = 1,
+    fleet_file: str | Path | None = None,
+    trace_path: str | Path | None = None,
+    trace_speedup: float | None = None,
+    trace_max_work_s: float = 3600.0,
+    overload: float = 2.0,
+    flood_jobs: int = 10_000,
+    warmup_s: float | None = None,
+    queue_quota: Mapping[str, int | None] | None = None,
+    config: PolicyConfig | None = None,
+    out_dir: str | Path | None = None,
+) -> ScenarioReport:
+    fleet = build_fleet(gpus, fleet_file)
+    load = build_workload(
+        scenario,
+        fleet,
+        duration_s,
+        seed,
+        overload=overload,
+        flood_jobs=flood_jobs,
+        trace_path=trace_path,
+        trace_speedup=trace_speedup,
+        trace_max_work_s=trace_max_work_s,
+    )
+    if scenario == "trace" and queue_quota is None:
+        queue_quota = {}  # a replay admits everything the trace submitted
+
+    def simulate(work: workload.Workload, name: str) -> SimResult:
+        return Simulation(
+            fleet,
+            work,
+            POLICIES[name],
+            policy_name=name,
+            config=config,
+            duration_s=duration_s,
+            warmup_s=warmup_s,
+            queue_quota=queue_quota,
+        ).run()
+
+    results = [simulate(load, name) for name in policies]
+    report = ScenarioReport(
+        scenario=scenario,
+        fleet=fleet,
+        notes=load.notes,
+        results=results,
+        summaries=[summarize(r) for r in results],
+    )
+    if scenario == "flood":
+        base = build_workload("steady", fleet, duration_s, seed, overload=overload)
+        report.baseline_results = [simulate(base, name) for name in policies]
+        for flooded, plain in zip(results, report.baseline_results, strict=True):
+            report.flood.append(_flood_impact(flooded, plain, load.flood_org, load.flood_at))
+    if out_dir is not None:
+        report.plots = write_plots(report, Path(out_dir))
+    return report
+
+
+def _flood_impact(flooded: SimResult, plain: SimResult, org: str, at: float) -> FloodImpact:
+    def others(record) -> bool:
+        return record.tier == "enterprise" and record.org != org and record.submit_at >= at
+
+    with_flood, without = wait_stats(flooded, others), wait_stats(plain, others)
+    return FloodImpact(
+        policy=flooded.policy, p95_without=without.p95, p95_with=with_flood.p95, jobs=without.count
+    )
+
+
+def write_plots(report: ScenarioReport, out_dir: Path) -> list[Path]:
+    from . import plots  # matplotlib is only imported when plots are asked for
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = report.scenario
+    paths = [
+        plots.plot_utilisation(report.results, out_dir / f"{prefix}-utilisation.png"),
+        plots.plot_wait_cdf(report.results, out_dir / f"{prefix}-wait-cdf.png"),
+    ]
+    if report.flood and report.results[0].flood_org:
+        first = report.results[0]
+        paths.append(
+            plots.plot_flood_waits(
+                list(zip(report.baseline_results, report.results, strict=True)),
+                first.flood_org,
+                first.flood_at,
+                out_dir / "flood-enterprise-waits.png",
+            )
+        )
+    return paths

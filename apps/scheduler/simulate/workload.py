@@ -1,0 +1,332 @@
+"""Workloads: the jobs that arrive, with their true run times (unknown to the policy).
+
+- `steady`: Poisson arrivals whose GPU-seconds add up to `overload` × the fleet (2x by
+  default), 10 % enterprise, 30 % paid, 60 % free by demand; many orgs per tier with
+  varied weights, each org's demand and number of users proportional to its weight;
+  run times log-uniform between 20 s and 40 min; 1, 2, 4 or 8 GPUs skewed to small;
+  varied GPU type preferences and memory floors; some jobs not preemptible.
+- `flood`: `steady` plus one extra enterprise customer that submits `flood_jobs` jobs at
+  one instant.
+- `spike`: `steady` plus a burst during which arrivals run at `factor` × the steady rate.
+- `trace`: a replay of a CSV in the neutral trace format (see /work/shared/traces).
+
+Every random stream is seeded from `seed`, and the extra load of `flood` and `spike`
+comes from separate streams, so with the same seed they contain exactly the jobs of
+`steady` plus their extra jobs (the comparisons in the report rely on this).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apps.scheduler.policy import ENTERPRISE, FREE, PAID, TIERS, GpuType
+
+TIER_DEMAND_SHARE = {ENTERPRISE: 0.10, PAID: 0.30, FREE: 0.60}
+GPU_COUNT_WEIGHTS = {1: 0.55, 2: 0.20, 4: 0.15, 8: 0.10}
+MIN_WORK_S, MAX_WORK_S = 20.0, 2400.0
+PREEMPTIBLE_SHARE = {ENTERPRISE: 0.6, PAID: 0.85, FREE: 1.0}
+CHECKPOINT_INTERVALS_S = (60.0, 120.0, 180.0, 300.0)
+NEVER_CHECKPOINTS_SHARE = 0.15
+ORG_WEIGHT_CYCLE = {ENTERPRISE: (1.0, 2.0, 4.0), PAID: (1.0, 1.0, 2.0, 3.0), FREE: (1.0, 1.0, 2.0)}
+USERS_PER_ORG = {ENTERPRISE: (2, 4), PAID: (2, 4), FREE: (1, 3)}
+
+
+@dataclass(slots=True)
+class JobSpec:
+    id: str
+    submit_at: float
+    tier: str
+    org: str
+    user: str
+    gpu_count: int
+    max_runtime_s: float
+    work_s: float  # true run time; the policy only sees max_runtime_s
+    gpu_types: tuple[str, ...] = ()
+    min_gpu_memory_gb: float = 0.0
+    preemptible: bool = True
+    checkpoint_every_s: float | None = None  # None: never checkpoints
+    tag: str = ""  # "flood" or "spike" for the extra load
+
+
+@dataclass(frozen=True, slots=True)
+class OrgSpec:
+    name: str
+    tier: str
+    weight: float
+    users: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Workload:
+    name: str
+    jobs: list[JobSpec]  # sorted by submit time
+    orgs: list[OrgSpec]
+    notes: list[str] = field(default_factory=list)
+    flood_org: str | None = None
+    flood_at: float | None = None
+
+    @property
+    def org_weights(self) -> dict[str, float]:
+        return {org.name: org.weight for org in self.orgs}
+
+    def offered_gpu_seconds(self) -> float:
+        return sum(job.gpu_count * job.work_s for job in self.jobs)
+
+
+def mean_gpu_seconds_per_job() -> float:
+    mean_gpus = sum(count * weight for count, weight in GPU_COUNT_WEIGHTS.items())
+    mean_work = (MAX_WORK_S - MIN_WORK_S) / math.log(MAX_WORK_S / MIN_WORK_S)  # log-uniform
+    return mean_gpus * mean_work
+
+
+def make_orgs(total_gpus: int, seed: int) -> list[OrgSpec]:
+    """Orgs per tier scale with the fleet (1,000 GPUs: 8 enterprise, 20 paid, 50 free)."""
+    rng = random.Random(f"orgs-{seed}")
+    counts = {
+        ENTERPRISE: max(2, total_gpus // 125),
+        PAID: max(3, total_gpus // 50),
+        FREE: max(4, total_gpus // 20),
+    }
+    orgs = []
+    for tier in (ENTERPRISE, PAID, FREE):
+        cycle = ORG_WEIGHT_CYCLE[tier]
+        low, high = USERS_PER_ORG[tier]
+        for i in range(counts[tier]):
+            name = f"{tier[:3]}-{i:03d}"
+            weight = cycle[i % len(cycle)]
+            # Bigger customers (higher weight) have proportionally more users, so the
+            # per-user queue quota does not cap them below their share.
+            users = tuple(f"{name}-u{u}" for u in range(round(weight * rng.randint(low, high))))
+            orgs.append(OrgSpec(name=name, tier=tier, weight=weight, users=users))
+    return orgs
+
+
+class _JobFactory:
+    """Draws job shapes; GPU type preferences are derived from the fleet's types."""
+
+    def __init__(self, gpu_types: Sequence[GpuType], rng: random.Random):
+        self.rng = rng
+        by_price = sorted(gpu_types, key=lambda t: (-t.price_per_gpu_hour, t.name))
+        names = tuple(t.name for t in by_price)
+        top_memory = max(t.memory_gb for t in gpu_types)
+        # (weight, allowed types most preferred first, memory floor)
+        self.type_choices = [
+            (0.40, (), 0.0),  # anything (cheapest first)
+            (0.25, names, 0.0),  # prefers the premium type, takes any
+            (0.15, tuple(reversed(names)), 0.0),  # prefers the cheaper type, takes any
+            (0.10, names[:1], 0.0),  # premium type only
+            (0.10, (), float(top_memory)),  # needs the largest memory
+        ]
+        self._counts = list(GPU_COUNT_WEIGHTS)
+        self._count_weights = list(GPU_COUNT_WEIGHTS.values())
+
+    def job(self, job_id: str, submit_at: float, org: OrgSpec, tag: str = "") -> JobSpec:
+        rng = self.rng
+        work = math.exp(rng.uniform(math.log(MIN_WORK_S), math.log(MAX_WORK_S)))
+        max_runtime = math.ceil(work * rng.uniform(1.1, 2.0) / 10.0) * 10.0
+        weights = [c[0] for c in self.type_choices]
+        _, types, memory = rng.choices(self.type_choices, weights=weights)[0]
+        never = rng.random() < NEVER_CHECKPOINTS_SHARE
+        return JobSpec(
+            id=job_id,
+            submit_at=submit_at,
+            tier=org.tier,
+            org=org.name,
+            user=rng.choice(org.users),
+            gpu_count=rng.choices(self._counts, weights=self._count_weights)[0],
+            max_runtime_s=max_runtime,
+            work_s=work,
+            gpu_types=types,
+            min_gpu_memory_gb=memory,
+            preemptible=rng.random() < PREEMPTIBLE_SHARE[org.tier],
+            checkpoint_every_s=None if never else rng.choice(CHECKPOINT_INTERVALS_S),
+            tag=tag,
+        )
+
+
+def _poisson_times(rng: random.Random, rate: float, start: float, end: float) -> Iterator[float]:
+    t = start
+    while rate > 0:
+        t += rng.expovariate(rate)
+        if t >= end:
+            return
+        yield t
+
+
+def steady(
+    gpu_types: Sequence[GpuType],
+    total_gpus: int,
+    duration_s: float,
+    seed: int,
+    overload: float = 2.0,
+    orgs: list[OrgSpec] | None = None,
+) -> Workload:
+    orgs = orgs or make_orgs(total_gpus, seed)
+    demand_gpus = overload * total_gpus  # GPUs' worth of work arriving per second
+    per_job = mean_gpu_seconds_per_job()
+    jobs: list[JobSpec] = []
+    for org in orgs:
+        tier_weight = sum(o.weight for o in orgs if o.tier == org.tier)
+        rate = demand_gpus * TIER_DEMAND_SHARE[org.tier] * org.weight / tier_weight / per_job
+        rng = random.Random(f"steady-{seed}-{org.name}")
+        factory = _JobFactory(gpu_types, rng)
+        for i, t in enumerate(_poisson_times(rng, rate, 0.0, duration_s)):
+            jobs.append(factory.job(f"{org.name}-j{i}", t, org))
+    jobs.sort(key=lambda j: (j.submit_at, j.id))
+    notes = [
+        f"steady overload: offered demand {overload:g}x the fleet "
+        + ", ".join(f"{t} {TIER_DEMAND_SHARE[t]:.0%}" for t in (ENTERPRISE, PAID, FREE)),
+    ]
+    return Workload(name="steady", jobs=jobs, orgs=list(orgs), notes=notes)
+
+
+def flood(
+    gpu_types: Sequence[GpuType],
+    total_gpus: int,
+    duration_s: float,
+    seed: int,
+    flood_jobs: int = 10_000,
+    flood_at: float | None = None,
+    overload: float = 2.0,
+) -> Workload:
+    base = steady(gpu_types, total_gpus, duration_s, seed, overload)
+    flood_at = 0.2 * duration_s if flood_at is None else flood_at
+    flooder = OrgSpec(name="ent-flood", tier=ENTERPRISE, weight=1.0, users=("ent-flood-u0",))
+    factory = _JobFactory(gpu_types, random.Random(f"flood-{seed}"))
+    extra = [factory.job(f"flood-j{i}", flood_at, flooder, tag="flood") for i in range(flood_jobs)]
+    jobs = sorted(base.jobs + extra, key=lambda j: (j.submit_at, j.id))
+    notes = [
+        *base.notes,
+        f"flood: {flood_jobs} enterprise jobs from {flooder.name} at t={flood_at:.0f} s",
+    ]
+    return Workload(
+        name="flood",
+        jobs=jobs,
+        orgs=[*base.orgs, flooder],
+        notes=notes,
+        flood_org=flooder.name,
+        flood_at=flood_at,
+    )
+
+
+def spike(
+    gpu_types: Sequence[GpuType],
+    total_gpus: int,
+    duration_s: float,
+    seed: int,
+    factor: float = 10.0,
+    start: float | None = None,
+    length_s: float | None = None,
+    overload: float = 2.0,
+) -> Workload:
+    """Steady load, and for `length_s` from `start` arrivals at `factor` x the steady rate."""
+    base = steady(gpu_types, total_gpus, duration_s, seed, overload)
+    start = 0.4 * duration_s if start is None else start
+    length_s = min(300.0, 0.1 * duration_s) if length_s is None else length_s
+    extra_rate_factor = factor - 1.0
+    per_job = mean_gpu_seconds_per_job()
+    extra: list[JobSpec] = []
+    for org in base.orgs:
+        tier_weight = sum(o.weight for o in base.orgs if o.tier == org.tier)
+        rate = (
+            overload
+            * total_gpus
+            * TIER_DEMAND_SHARE[org.tier]
+            * org.weight
+            / tier_weight
+            / per_job
+            * extra_rate_factor
+        )
+        rng = random.Random(f"spike-{seed}-{org.name}")
+        factory = _JobFactory(gpu_types, rng)
+        for i, t in enumerate(_poisson_times(rng, rate, start, start + length_s)):
+            extra.append(factory.job(f"{org.name}-s{i}", t, org, tag="spike"))
+    jobs = sorted(base.jobs + extra, key=lambda j: (j.submit_at, j.id))
+    notes = [
+        *base.notes,
+        f"spike: arrivals at {factor:g}x the steady rate for {length_s:.0f} s from t={start:.0f} s "
+        f"({len(extra)} extra jobs)",
+    ]
+    return Workload(name="spike", jobs=jobs, orgs=base.orgs, notes=notes)
+
+
+def trace(
+    path: str | Path,
+    gpu_types: Sequence[GpuType],
+    duration_s: float,
+    speedup: float | None = None,
+    max_work_s: float = 3600.0,
+) -> Workload:
+    """Replay a trace CSV (`submit_s,duration_s,gpu_count,gpu_types,tier,org,user,
+    preemptible`).
+
+    Submit times are divided by `speedup` (default: the whole trace fits `duration_s`);
+    run times are kept but capped at `max_work_s`; the declared max runtime is 1.5x the
+    (capped) run time; preemptible jobs checkpoint every 5 minutes. Rows whose GPU types
+    are unknown to the fleet keep only the known ones (dropped if none is left).
+
+    A Gantry org has one tier, but the trace's synthetic orgs mix QoS classes, so each
+    (org, tier) pair becomes its own org, named like `org-16.ent`."""
+    known = {t.name for t in gpu_types}
+    rows = []
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    first = min(float(r["submit_s"]) for r in rows)
+    span = max(float(r["submit_s"]) for r in rows) - first
+    if speedup is None:
+        speedup = max(1.0, span / duration_s) if span > 0 else 1.0
+    jobs: list[JobSpec] = []
+    orgs: dict[str, set[str]] = {}
+    org_tier: dict[str, str] = {}
+    dropped = 0
+    for i, row in enumerate(rows):
+        submit = (float(row["submit_s"]) - first) / speedup
+        if submit >= duration_s:
+            continue
+        types = tuple(dict.fromkeys(t for t in row["gpu_types"].split("|") if t))
+        if types and not any(t in known for t in types):
+            dropped += 1
+            continue
+        types = tuple(t for t in types if t in known)
+        tier = row["tier"]
+        if tier not in TIERS:
+            raise ValueError(f"{path}: row {i + 2}: unknown tier {tier!r}")
+        work = max(1.0, min(float(row["duration_s"]), max_work_s))
+        preemptible = row["preemptible"].strip().lower() == "true"
+        org = f"{row['org']}.{tier[:3]}"
+        orgs.setdefault(org, set()).add(row["user"])
+        org_tier[org] = tier
+        jobs.append(
+            JobSpec(
+                id=f"t{i}",
+                submit_at=submit,
+                tier=tier,
+                org=org,
+                user=row["user"],
+                gpu_count=int(row["gpu_count"]),
+                max_runtime_s=math.ceil(work * 1.5),
+                work_s=work,
+                gpu_types=types,
+                preemptible=preemptible,
+                checkpoint_every_s=300.0 if preemptible else None,
+            )
+        )
+    jobs.sort(key=lambda j: (j.submit_at, j.id))
+    org_specs = [
+        OrgSpec(name=name, tier=org_tier[name], weight=1.0, users=tuple(sorted(users)))
+        for name, users in sorted(orgs.items())
+    ]
+    notes = [
+        f"trace {Path(path).name}: {len(jobs)} jobs, time compressed {speedup:.0f}x, run times "
+        f"capped at {max_work_s:.0f} s"
+        + (f", {dropped} rows dropped (GPU types not in the fleet)" if dropped else ""),
+    ]
+    return Workload(name="trace", jobs=jobs, orgs=org_specs, notes=notes)

@@ -1,0 +1,348 @@
+"""Benchmark of the submission API: sustained POST /v1/jobs per second and latency.
+
+    python bench/api.py                    # starts gunicorn itself on a scratch database
+    python bench/api.py --url http://127.0.0.1:8000 --key gk_... --project NAME
+
+Without --url it creates (and afterwards drops) the PostgreSQL database `gantry_bench`
+on the server of DATABASE_URL, migrates it, loads the demo fleet, creates an
+enterprise org with room for the whole run (quota, rate, credit) and starts gunicorn
+on it. Clients are processes x threads, each thread one keep-alive HTTP/1.1
+connection (http.client) in a closed loop: every submission has a fresh
+Idempotency-Key. After a warm-up, it measures submissions for --duration seconds, then
+the same clients hitting /healthz for the same time as the baseline, and prints
+throughput, p50/p99 latency and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SCRATCH_DB = "gantry_bench"
+
+JOB_BODY = {
+    "params": {"prompt": "a red fox in snow", "seed": 7, "steps": 20, "step_seconds": 0.5},
+    "resources": {"gpu_count": 1, "gpu_types": ["H100", "A100"], "min_gpu_memory_gb": 40},
+    "max_runtime_s": 600,
+    "preemptible": True,
+}
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+# --- the load ----------------------------------------------------------------------------
+
+
+def client_process(
+    url: str,
+    keys: list[str],
+    project: str,
+    mode: str,
+    threads: int,
+    warmup: float,
+    duration: float,
+    out,
+):
+    """One process of `threads` closed-loop clients (thread i submits with keys[i % len]);
+    sends (latencies, statuses) to `out`."""
+    parts = urlsplit(url)
+    body_of = dict(JOB_BODY, project=project)
+    start = time.monotonic() + 0.2
+    measure_from, stop_at = start + warmup, start + warmup + duration
+    lock = threading.Lock()
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+
+    def loop(index: int):
+        key = keys[index % len(keys)]
+        conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+        local_lat, local_status = [], {}
+        while time.monotonic() < start:
+            time.sleep(0.001)
+        while True:
+            now = time.monotonic()
+            if now >= stop_at:
+                break
+            if mode == "submit":
+                payload = json.dumps(body_of).encode()
+                headers = {
+                    "Authorization": f"Bearer {key}",
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": uuid.uuid4().hex,
+                }
+                method, path = "POST", "/v1/jobs"
+            else:
+                payload, headers, method, path = None, {}, "GET", "/healthz"
+            began = time.perf_counter()
+            try:
+                conn.request(method, path, body=payload, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                status = response.status
+                if response.getheader("Connection", "").lower() == "close":
+                    conn.close()
+            except (OSError, http.client.HTTPException):
+                status = 0
+                conn.close()
+                conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+            took = time.perf_counter() - began
+            if began_in_window(now, measure_from, stop_at):
+                local_lat.append(took)
+                local_status[status] = local_status.get(status, 0) + 1
+        conn.close()
+        with lock:
+            latencies.extend(local_lat)
+            for status, n in local_status.items():
+                statuses[status] = statuses.get(status, 0) + n
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    out.put((latencies, statuses))
+
+
+def began_in_window(now: float, measure_from: float, stop_at: float) -> bool:
+    return measure_from <= now < stop_at
+
+
+def run_load(args, mode: str, keys: list[str], project: str) -> dict:
+    out = mp.Queue()
+    # Process p's thread i is client p * threads + i: with one org per client, each
+    # client submits for its own org.
+    procs = [
+        mp.Process(
+            target=client_process,
+            args=(
+                args.url,
+                [keys[(p * args.threads + i) % len(keys)] for i in range(args.threads)],
+                project,
+                mode,
+                args.threads,
+                args.warmup,
+                args.duration,
+                out,
+            ),
+        )
+        for p in range(args.processes)
+    ]
+    for proc in procs:
+        proc.start()
+    latencies, statuses = [], {}
+    for _ in procs:
+        lat, st = out.get()
+        latencies += lat
+        for status, n in st.items():
+            statuses[status] = statuses.get(status, 0) + n
+    for proc in procs:
+        proc.join()
+    ok = sum(n for status, n in statuses.items() if 200 <= status < 300)
+    return {
+        "ok_per_s": ok / args.duration,
+        "requests": sum(statuses.values()),
+        "statuses": dict(sorted(statuses.items())),
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "mean_ms": (statistics.fmean(latencies) * 1000) if latencies else float("nan"),
+    }
+
+
+# --- a scratch server ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scratch_database_url(base_url: str) -> str:
+    parts = urlsplit(base_url)
+    return parts._replace(path=f"/{SCRATCH_DB}").geturl()
+
+
+def recreate_database(base_url: str, *, drop_only: bool = False) -> None:
+    import psycopg
+
+    parts = urlsplit(base_url)
+    admin_url = parts._replace(path="/postgres").geturl()
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{SCRATCH_DB}" WITH (FORCE)')
+        if not drop_only:
+            conn.execute(f'CREATE DATABASE "{SCRATCH_DB}"')
+
+
+SETUP_SCRIPT = """
+from apps.accounts.services import create_org, create_project, issue_api_key
+from apps.ledger import services as ledger
+from apps.scheduler.fleet import read_fleet_file
+from apps.scheduler.services import load_fleet
+
+load_fleet(read_fleet_file(""))
+for n in range(ORGS):
+    org = create_org(
+        name=f"bench-{n}", tier="enterprise", max_queued_jobs=10_000_000, rate_per_s=1e6,
+        rate_burst=1_000_000,
+    )
+    create_project(org=org, name="bench")
+    ledger.grant(org=org, amount=10**18, kind="paid")
+    print("KEY", issue_api_key(org=org).raw_key)
+"""
+
+
+def start_scratch_server(args) -> tuple[subprocess.Popen, dict]:
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
+    recreate_database(base)
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": scratch_database_url(base),
+            "REDIS_URL": args.redis_url,
+            "GANTRY_LOG_LEVEL": "WARNING",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+        }
+    )
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    setup = subprocess.run(
+        [python, "manage.py", "shell", "-c", f"ORGS = {args.orgs}\n{SETUP_SCRIPT}"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    keys = [line.split()[1] for line in setup.stdout.splitlines() if line.startswith("KEY ")]
+    port = free_port()
+    argv = [
+        str(BIN / "gunicorn"),
+        "config.wsgi",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(args.server_workers),
+        "--worker-class",
+        args.worker_class,
+        "--threads",
+        str(args.server_threads),
+        "--keep-alive",
+        "30",
+        "--backlog",
+        "2048",
+        "--log-level",
+        "warning",
+    ]
+    server = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+    args.url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("gunicorn did not come up")
+        time.sleep(0.2)
+    return server, {"keys": keys, "project": "bench", "env": env}
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="a running server (else a scratch one is started)")
+    parser.add_argument(
+        "--key", action="append", help="org API key (with --url; repeat for several orgs)"
+    )
+    parser.add_argument(
+        "--orgs", type=int, default=0, help="orgs to submit for (default: one per client)"
+    )
+    parser.add_argument("--project", default="bench", help="project name or id (with --url)")
+    parser.add_argument("--processes", type=int, default=2, help="client processes")
+    parser.add_argument("--threads", type=int, default=8, help="connections per process")
+    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
+    parser.add_argument("--server-workers", type=int, default=4)
+    parser.add_argument("--server-threads", type=int, default=2)
+    parser.add_argument("--worker-class", default="gthread")
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    args = parser.parse_args(argv)
+
+    server = None
+    if args.url:
+        if not args.key:
+            parser.error("--url needs --key")
+        keys, project = args.key, args.project
+    else:
+        args.orgs = args.orgs or args.processes * args.threads
+        server, info = start_scratch_server(args)
+        keys, project = info["keys"], info["project"]
+    try:
+        clients = args.processes * args.threads
+        print(
+            f"server {args.url}; {clients} keep-alive clients "
+            f"({args.processes} processes x {args.threads} threads) for {len(keys)} org(s); "
+            f"{args.warmup:g} s warm-up, {args.duration:g} s measured; {os.cpu_count()} CPUs"
+        )
+        load_before = os.getloadavg()[0]
+        submit = run_load(args, "submit", keys, project)
+        health = run_load(args, "health", keys, project)
+        load_after = os.getloadavg()[0]
+    finally:
+        if server is not None:
+            stop_server(server)
+            if not args.keep:
+                recreate_database(
+                    os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry"),
+                    drop_only=True,
+                )
+    for name, result in (("POST /v1/jobs", submit), ("GET /healthz", health)):
+        print(
+            f"{name:14s} {result['ok_per_s']:8.1f} ok/s  p50 {result['p50_ms']:6.1f} ms  "
+            f"p99 {result['p99_ms']:6.1f} ms  mean {result['mean_ms']:6.1f} ms  "
+            f"statuses {result['statuses']}"
+        )
+    # Other work on the machine skews every figure: say how busy it was.
+    print(f"load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}")
+    ratio = submit["ok_per_s"] / health["ok_per_s"] if health["ok_per_s"] else float("nan")
+    print(f"submissions / healthz throughput ratio: {ratio:.2f}")
+    met = submit["ok_per_s"] >= 300 and submit["p99_ms"] < 200
+    print(f"target (>= 300 submissions/s, p99 < 200 ms): {'met' if met else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

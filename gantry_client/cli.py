@@ -1,0 +1,667 @@
+"""The `gantry` command: submit and follow jobs, read the balance, from a terminal.
+
+Exit status: 0 done; 1 the job ended failed, timed_out or cancelled; 2 bad usage or
+configuration; 3 the API refused the request (4xx); 4 the API could not be reached,
+failed (5xx) or answered something that is not the Gantry API; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from gantry_client import __version__, render
+from gantry_client import config as configuration
+from gantry_client.api import (
+    TERMINAL_STATUSES,
+    ApiError,
+    GantryAPI,
+    ProtocolError,
+    TransportError,
+    next_cursor,
+)
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_UNAVAILABLE = 4
+EXIT_INTERRUPTED = 130
+
+STATUSES = ("queued", "scheduled", "running", "preempting", *sorted(TERMINAL_STATUSES))
+RETRY_WAIT_CAP_S = 300.0
+LIST_PAGE_MAX = 100
+
+# Where a field named by a 400 comes from on the command line.
+FIELD_FLAGS = {
+    "project": "--project",
+    "params": "--params-file / --param",
+    "params.prompt": "--prompt",
+    "params.seed": "--seed",
+    "params.steps": "--steps",
+    "params.step_seconds": "--step-seconds",
+    "resources": "--gpus / --gpu-type / --min-gpu-memory-gb",
+    "resources.gpu_count": "--gpus",
+    "resources.gpu_types": "--gpu-type",
+    "resources.min_gpu_memory_gb": "--min-gpu-memory-gb",
+    "max_runtime_s": "--max-runtime",
+    "preemptible": "--preemptible / --no-preemptible",
+    "webhook_url": "--webhook-url",
+    "Idempotency-Key": "--idempotency-key",
+    "status": "--status",
+    "limit": "--limit",
+}
+
+
+class UsageError(Exception):
+    """Bad input caught before any request; the message says what to fix."""
+
+
+class JobUnsuccessful(Exception):
+    def __init__(self, job: dict):
+        super().__init__(job.get("status"))
+        self.job = job
+
+
+# -- argument types -----------------------------------------------------------------------
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
+
+
+def duration_seconds(text: str) -> int:
+    """'600', '600s', '10m', '1h30m' as whole seconds."""
+    match = _DURATION.match(text.strip().lower())
+    if not text.strip() or not match or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 600, 10m or 1h30m)")
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def key_value(text: str) -> tuple[str, object]:
+    """k=v; v is read as JSON when it parses (7, 0.5, true, [1,2]), else as a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+# -- the request body of a submission -----------------------------------------------------
+
+
+def load_params_file(path: str) -> dict:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--params-file: cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--params-file: {path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"--params-file: {path} must hold a JSON object of params")
+    return data
+
+
+def build_job_request(args: argparse.Namespace) -> dict:
+    """The POST /v1/jobs body from the submit flags; unset flags are left to the server."""
+    params = load_params_file(args.params_file) if args.params_file else {}
+    for key, value in args.param or []:
+        params[key] = value
+    for key in ("prompt", "seed", "steps", "step_seconds"):
+        value = getattr(args, key)
+        if value is not None:
+            params[key] = value
+
+    spec: dict = {"params": params}
+    resources = {}
+    if args.gpus is not None:
+        resources["gpu_count"] = args.gpus
+    if args.gpu_type:
+        resources["gpu_types"] = args.gpu_type
+    if args.min_gpu_memory_gb is not None:
+        resources["min_gpu_memory_gb"] = args.min_gpu_memory_gb
+    if resources:
+        spec["resources"] = resources
+    if args.project:
+        spec["project"] = args.project
+    if args.max_runtime is not None:
+        spec["max_runtime_s"] = args.max_runtime
+    if args.preemptible is not None:
+        spec["preemptible"] = args.preemptible
+    if args.webhook_url:
+        spec["webhook_url"] = args.webhook_url
+    return spec
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def out(text: str = "") -> None:
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
+
+
+def note(text: str) -> None:
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+
+
+def dump(data) -> None:
+    out(json.dumps(data, indent=2, sort_keys=True))
+
+
+# -- commands -----------------------------------------------------------------------------
+
+
+def make_api(args: argparse.Namespace) -> GantryAPI:
+    settings = args.settings
+    if not settings.api_key:
+        raise UsageError(f"No API key. {configuration.HOW_TO_SET_KEY}")
+    return GantryAPI(settings.api_url, settings.api_key, timeout=args.timeout)
+
+
+def submit_with_retry(api: GantryAPI, spec: dict, *, key: str, retries: int):
+    """Submit; on 429, 5xx or a lost connection wait and resend with the same key.
+
+    Resending is safe because the server replays the first answer for a key.
+    """
+    attempt = 0
+    while True:
+        try:
+            return api.submit_job(spec, idempotency_key=key)
+        except (ApiError, TransportError) as exc:
+            transient = isinstance(exc, TransportError) or exc.status == 429 or exc.status >= 500
+            if not transient or attempt >= retries:
+                raise
+            attempt += 1
+            wait = getattr(exc, "retry_after", None)
+            wait = min(wait if wait is not None else 2.0**attempt, RETRY_WAIT_CAP_S)
+            reason = "rate limited" if getattr(exc, "status", 0) == 429 else "server unavailable"
+            note(f"{reason}; retrying in {wait:.0f} s (retry {attempt} of {retries})")
+            time.sleep(wait)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = build_job_request(args)
+    api = make_api(args)
+    key = args.idempotency_key or str(uuid.uuid4())
+    # Printed first, so that after a crash or a dropped connection the retry can reuse it.
+    note(f"Idempotency-Key: {key}  (pass it as --idempotency-key to retry without a duplicate)")
+    response = submit_with_retry(api, spec, key=key, retries=args.retry)
+    job = response.data
+    args.following = job.get("id")
+    if response.replayed:
+        note("This key was used before: the server answered with the job it already made.")
+    if not args.wait:
+        if args.json:
+            dump(job)
+        else:
+            held = (job.get("hold") or {}).get("amount")
+            out(
+                f"Submitted job {job.get('id')} ({job.get('status')}), "
+                f"holding {render.credits(held)} credits."
+            )
+            out(f"Follow it: gantry status {job.get('id')}")
+        return EXIT_OK
+    if not args.json:
+        out(f"Submitted job {job.get('id')} ({job.get('status')}).")
+    return finish_waiting(api, job["id"], args)
+
+
+def follow_job(api: GantryAPI, job_id: str, args: argparse.Namespace) -> dict:
+    job: dict = {"id": job_id}
+    bar = None if args.no_progress else render.ProgressBar(sys.stderr, job_id=job_id)
+    try:
+        for snapshot in api.follow(job_id, poll_max=args.poll_max):
+            job = snapshot
+            if bar:
+                bar.update(job)
+    finally:
+        if bar:
+            bar.close()
+    return job
+
+
+def finish_waiting(api: GantryAPI, job_id: str, args: argparse.Namespace) -> int:
+    job = follow_job(api, job_id, args)
+    args.following = None
+    if job.get("status") != "succeeded":
+        raise JobUnsuccessful(job)
+    download = api.download_result(job["id"], Path(args.output) if args.output else None)
+    if args.json:
+        dump({"job": job, "result_file": str(download.path), "bytes": download.size})
+    else:
+        hold = job.get("hold") or {}
+        out(f"Job {job['id']} succeeded; charged {render.credits(hold.get('charged'))} credits.")
+        out(f"Result saved to {download.path} ({download.size} bytes).")
+    return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    api = make_api(args)
+    args.following = args.job
+    return finish_waiting(api, args.job, args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    job = make_api(args).get_job(args.job)
+    if args.json:
+        dump(job)
+    else:
+        out(render.job_detail(job))
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    api = make_api(args)
+    limit = None if args.all else args.limit
+    jobs: list[dict] = []
+    cursor = None
+    while limit is None or len(jobs) < limit:
+        # The last page asks for just what is missing, so `next` never skips a job.
+        size = args.page_size if limit is None else min(args.page_size, limit - len(jobs))
+        page = api.list_jobs(status=args.status, project=args.project, limit=size, cursor=cursor)
+        jobs.extend(page.get("results", [])[:size])
+        cursor = next_cursor(page)
+        if not cursor:
+            break
+    if args.json:
+        dump({"results": jobs, "next": cursor})
+        return EXIT_OK
+    if not jobs:
+        out("No jobs.")
+    else:
+        out(render.jobs_table(jobs))
+    if cursor:
+        note(f"(first {len(jobs)} shown: --limit N for more, --all for every job)")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = make_api(args).cancel_job(args.job)
+    if args.json:
+        dump(job)
+    elif job.get("status") == "cancelled":
+        out(f"Cancelled job {job.get('id')}.")
+        hold = job.get("hold") or {}
+        if hold:
+            out(
+                f"Charged {render.credits(hold.get('charged'))}, "
+                f"refunded {render.credits(hold.get('refunded'))} credits."
+            )
+    else:
+        out(
+            f"Cancellation requested: job {job.get('id')} is {job.get('status')} and stops "
+            "shortly; only the time it ran is charged."
+        )
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    events = make_api(args).job_events(args.job)
+    if args.json:
+        dump({"results": events})
+    else:
+        out(render.events_table(events) if events else "No events.")
+    return EXIT_OK
+
+
+def cmd_balance(args: argparse.Namespace) -> int:
+    balance = make_api(args).balance()
+    if args.json:
+        dump(balance)
+    else:
+        out(render.balance_view(balance))
+    return EXIT_OK
+
+
+def cmd_result(args: argparse.Namespace) -> int:
+    download = make_api(args).download_result(args.job, Path(args.output) if args.output else None)
+    if args.json:
+        dump({"result_file": str(download.path), "bytes": download.size})
+    else:
+        out(f"Result saved to {download.path} ({download.size} bytes).")
+    return EXIT_OK
+
+
+def cmd_configure(args: argparse.Namespace) -> int:
+    path = configuration.config_path()
+    if args.show:
+        settings = args.settings
+        out(f"API URL     {settings.api_url}  (from {settings.url_source})")
+        out(
+            f"API key     {configuration.mask_key(settings.api_key)}"
+            + (f"  (from {settings.key_source})" if settings.key_source else "")
+        )
+        out(f"Config file {path}{'' if path.exists() else ' (none yet)'}")
+        return EXIT_OK
+    url, key = args.api_url, args.api_key
+    if url is None and key is None:
+        if not sys.stdin.isatty():
+            raise UsageError("Nothing to store: pass --api-url URL and/or --api-key KEY.")
+        current = args.settings.api_url
+        url = input(f"API URL [{current}]: ").strip() or current
+        key = (
+            getpass.getpass("API key (input hidden, empty keeps the current one): ").strip() or None
+        )
+    configuration.write_file(path, api_url=url, api_key=key)
+    out(f"Saved to {path} (readable by you only).")
+    return EXIT_OK
+
+
+# -- error messages -----------------------------------------------------------------------
+
+
+def explain_api_error(exc: ApiError, args: argparse.Namespace) -> str:
+    job = getattr(args, "job", None)
+    command = getattr(args, "command", "")
+    settings = args.settings
+    message = exc.message.rstrip(".") + "." if exc.message else ""
+
+    if exc.status == 400:
+        text = f"Invalid request: {message}"
+        if exc.field:
+            flag = FIELD_FLAGS.get(exc.field)
+            if flag is None and exc.field.startswith("params."):
+                flag = f"--param {exc.field.removeprefix('params.')}=..."
+            text += f"\n  field: {exc.field}" + (f"  (set with {flag})" if flag else "")
+        return text
+    if exc.status == 401:
+        if settings.api_key:
+            who = f"The key {configuration.mask_key(settings.api_key)} (from {settings.key_source})"
+            problem = f"{who} was refused by {settings.api_url}: it is unknown or revoked."
+        else:
+            problem = f"No API key was sent to {settings.api_url}."
+        return f"Not authenticated: {message}\n{problem}\n{configuration.HOW_TO_SET_KEY}"
+    if exc.status == 402:
+        lines = [f"Not enough credits: {message}"]
+        for name, value in sorted(exc.details.items()):
+            if isinstance(value, int) and not isinstance(value, bool):
+                lines.append(f"  {name.replace('_', ' ')}: {render.credits(value)} credits")
+        lines.append("See `gantry balance`; lower --max-runtime or --gpus to hold less.")
+        return "\n".join(lines)
+    if exc.status == 403:
+        if exc.code == "budget_exceeded":
+            return f"A hard budget would be exceeded: {message}"
+        return f"Forbidden: {message} This key may not do that."
+    if exc.status == 404:
+        if command == "result":
+            return (
+                f"No result for job {job}: {message} A result exists once the job has "
+                f"succeeded; see `gantry status {job}`."
+            )
+        if job:
+            return f"No job {job}: it does not exist, or it belongs to another org."
+        return f"Not found: {message} ({exc.method} {exc.url})"
+    if exc.status == 409:
+        if exc.code == "idempotency_mismatch" or exc.field == "Idempotency-Key":
+            return (
+                f"Conflict: {message} This Idempotency-Key belongs to a different submission; "
+                "leave out --idempotency-key to use a fresh one."
+            )
+        if command == "cancel":
+            return f"Cannot cancel job {job}: {message}"
+        if command == "result":
+            return f"No result for job {job} yet: {message} See `gantry status {job}`."
+        return f"Conflict: {message}"
+    if exc.status == 429:
+        wait = f" Retry after {exc.retry_after:.0f} s." if exc.retry_after is not None else ""
+        hint = ""
+        if command == "submit" and not getattr(args, "retry", 0):
+            hint = "\nPass --retry N to wait and resubmit automatically (same Idempotency-Key)."
+        return f"Rate limited: {message}{wait}{hint}"
+    if exc.status >= 500:
+        return (
+            f"The server failed (HTTP {exc.status} {exc.code}): {message}\n"
+            f"Request id {exc.request_id}. Try again later; if it persists, report the request id."
+        )
+    field = f"\n  field: {exc.field}" if exc.field else ""
+    return f"The API refused the request (HTTP {exc.status} {exc.code}): {message}{field}"
+
+
+def explain_transport_error(exc: TransportError, args: argparse.Namespace) -> str:
+    settings = args.settings
+    reasons = {
+        "refused": "connection refused: is the server running there?",
+        "dns": "the host name does not resolve",
+        "timeout": f"no answer within {args.timeout:g} s",
+    }
+    reason = reasons.get(exc.kind, exc.reason)
+    return (
+        f"Cannot reach the Gantry API at {settings.api_url} ({reason}).\n"
+        f"Tried {exc.url}; the URL came from {settings.url_source}.\n"
+        f"{configuration.HOW_TO_SET_URL}"
+    )
+
+
+def explain_protocol_error(exc: ProtocolError, args: argparse.Namespace) -> str:
+    return (
+        f"{exc.url} did not answer like the Gantry API (HTTP {exc.status}): {exc.problem}.\n"
+        f"Is {args.settings.api_url} the Gantry API? {configuration.HOW_TO_SET_URL}"
+    )
+
+
+# -- the parser ---------------------------------------------------------------------------
+
+
+def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    # Also on every subcommand, so `gantry status JOB --json` works; SUPPRESS there keeps
+    # a value given before the subcommand.
+    def default(value):
+        return argparse.SUPPRESS if suppress else value
+
+    group = parser.add_argument_group("connection and output")
+    group.add_argument("--api-url", default=default(None), help="API base URL (env GANTRY_API_URL)")
+    group.add_argument("--api-key", default=default(None), help="API key (env GANTRY_API_KEY)")
+    group.add_argument(
+        "--json", action="store_true", default=default(False), help="print the raw API JSON"
+    )
+    group.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=default(30.0),
+        metavar="S",
+        help="seconds to wait for each HTTP answer (default 30)",
+    )
+
+
+def _wait_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o", "--output", metavar="PATH", help="result file or directory (default ./<job id>.<ext>)"
+    )
+    parser.add_argument(
+        "--poll-max",
+        type=positive_float,
+        default=10.0,
+        metavar="S",
+        help="longest pause between two polls while nothing changes (default 10)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _common_options(common, suppress=True)
+
+    parser = argparse.ArgumentParser(
+        prog="gantry",
+        description="Submit GPU jobs to Gantry and follow them. "
+        "Configure with --api-url/--api-key, GANTRY_API_URL/GANTRY_API_KEY "
+        "or `gantry configure`.",
+    )
+    parser.add_argument("--version", action="version", version=f"gantry {__version__}")
+    _common_options(parser, suppress=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name, handler, help_text):
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    submit = command("submit", cmd_submit, "submit a job (and with --wait, follow it)")
+    p = submit.add_argument_group("params (merged: --params-file, then --param, then the rest)")
+    p.add_argument(
+        "--params-file", metavar="FILE.json", help="a JSON object of params ('-': stdin)"
+    )
+    p.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        metavar="KEY=VALUE",
+        help="one param; VALUE is JSON when it parses (repeatable)",
+    )
+    p.add_argument("--prompt")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--step-seconds", dest="step_seconds", type=float)
+    r = submit.add_argument_group("resources")
+    r.add_argument("--gpus", type=int, metavar="N", help="GPU count (1-8)")
+    r.add_argument(
+        "--gpu-type",
+        action="append",
+        metavar="TYPE",
+        help="allowed GPU type, most preferred first (repeatable; default: any)",
+    )
+    r.add_argument("--min-gpu-memory-gb", type=int, metavar="GB")
+    r.add_argument(
+        "--max-runtime", type=duration_seconds, metavar="DURATION", help="e.g. 600, 10m, 1h30m"
+    )
+    r.add_argument(
+        "--preemptible",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="may be preempted",
+    )
+    r.add_argument("--project", help="project id or name (default: the key's or the org's)")
+    r.add_argument("--webhook-url", metavar="URL", help="https URL told of the terminal status")
+    s = submit.add_argument_group("submission")
+    s.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="reuse the key printed by an earlier try to retry it safely (default: a new uuid4)",
+    )
+    s.add_argument(
+        "--retry",
+        type=int,
+        default=0,
+        metavar="N",
+        help="on 429 (after Retry-After), 5xx or a lost connection, resend up to N times",
+    )
+    s.add_argument("--wait", action="store_true", help="follow the job and download its result")
+    _wait_options(s)
+
+    status = command("status", cmd_status, "show a job")
+    status.add_argument("job", metavar="JOB")
+
+    wait = command("wait", cmd_wait, "follow a job to its end and download its result")
+    wait.add_argument("job", metavar="JOB")
+    _wait_options(wait)
+
+    listing = command("list", cmd_list, "list jobs, newest first")
+    listing.add_argument("--status", choices=STATUSES)
+    listing.add_argument("--project", help="project id or name")
+    listing.add_argument(
+        "--limit", type=positive_int, default=20, metavar="N", help="how many (default 20)"
+    )
+    listing.add_argument("--all", action="store_true", help="every job (follows all pages)")
+    listing.add_argument(
+        "--page-size",
+        type=positive_int,
+        default=LIST_PAGE_MAX,
+        metavar="N",
+        help=f"jobs per request (default {LIST_PAGE_MAX})",
+    )
+
+    cancel = command("cancel", cmd_cancel, "cancel a job")
+    cancel.add_argument("job", metavar="JOB")
+
+    events = command("events", cmd_events, "a job's status changes, oldest first")
+    events.add_argument("job", metavar="JOB")
+
+    command("balance", cmd_balance, "credits by kind, held amounts and upcoming expirations")
+
+    result = command("result", cmd_result, "download a finished job's output")
+    result.add_argument("job", metavar="JOB")
+    result.add_argument(
+        "-o", "--output", metavar="PATH", help="file or directory (default ./<job id>.<ext>)"
+    )
+
+    configure = command(
+        "configure",
+        cmd_configure,
+        "store the API URL and key in the config file (--api-url/--api-key, or asked)",
+    )
+    configure.add_argument("--show", action="store_true", help="show the settings in effect")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args.following = None
+    try:
+        args.settings = configuration.resolve(api_url=args.api_url, api_key=args.api_key)
+        return args.handler(args)
+    except (UsageError, configuration.ConfigError) as exc:
+        note(f"gantry: error: {exc}")
+        return EXIT_USAGE
+    except ApiError as exc:
+        note(f"gantry: {explain_api_error(exc, args)}")
+        if args.json and exc.body:
+            dump({"status": exc.status, **exc.body})
+        return EXIT_REFUSED if exc.status < 500 else EXIT_UNAVAILABLE
+    except TransportError as exc:
+        note(f"gantry: {explain_transport_error(exc, args)}")
+        return EXIT_UNAVAILABLE
+    except ProtocolError as exc:
+        note(f"gantry: {explain_protocol_error(exc, args)}")
+        return EXIT_UNAVAILABLE
+    except JobUnsuccessful as exc:
+        job = exc.job
+        error = job.get("error") or {}
+        detail = f": {error.get('code')}: {error.get('message')}" if error else ""
+        note(f"gantry: job {job.get('id')} ended {job.get('status')}{detail}")
+        if args.json:
+            dump(job)
+        return EXIT_JOB_FAILED
+    except KeyboardInterrupt:
+        if args.following:
+            note(
+                f"\nStopped following job {args.following}; it keeps running. "
+                f"Follow it again with `gantry wait {args.following}`, "
+                f"stop it with `gantry cancel {args.following}`."
+            )
+        return EXIT_INTERRUPTED

@@ -1,0 +1,191 @@
+"""Factories and helpers for the jobs tests: fleet rows, funded orgs, jobs in any state."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from datetime import timedelta
+
+import factory
+from django.utils import timezone
+
+from apps.jobs.models import (
+    Attempt,
+    AttemptState,
+    GpuAssignment,
+    Job,
+    JobEvent,
+    JobStatus,
+)
+from apps.jobs.services.submission import JobSpec, fingerprint_of
+from apps.scheduler.models import Gpu, GpuType, Node
+from tests.factories import OrgFactory, ProjectFactory
+
+CREDIT = 1_000_000  # micro-credits
+H100_PRICE = 4_000_000
+A100_PRICE = 2_500_000
+_tokens = itertools.count(1_000_000)
+
+
+def demo_gpu_types() -> dict[str, GpuType]:
+    """The two GPU types of the demo fleet (H100 80 GB, A100 40 GB)."""
+    h100, _ = GpuType.objects.update_or_create(
+        name="H100", defaults={"memory_gb": 80, "price_per_gpu_hour": H100_PRICE}
+    )
+    a100, _ = GpuType.objects.update_or_create(
+        name="A100", defaults={"memory_gb": 40, "price_per_gpu_hour": A100_PRICE}
+    )
+    return {"H100": h100, "A100": a100}
+
+
+class NodeFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Node
+
+    name = factory.Sequence(lambda n: f"node-{n}")
+
+
+class GpuFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Gpu
+
+    node = factory.SubFactory(NodeFactory)
+    index = factory.Sequence(lambda n: n)
+    gpu_type_id = "H100"
+
+
+def grant_credits(org, amount: int = 1_000_000 * CREDIT, **options):
+    from apps.ledger import services as ledger
+
+    return ledger.grant(org=org, amount=amount, kind="paid", **options)
+
+
+def funded_org(**fields):
+    org = OrgFactory(**fields)
+    grant_credits(org)
+    return org
+
+
+def spec_body(**overrides) -> dict:
+    """A valid POST /v1/jobs body (project added by the caller)."""
+    body = {
+        "params": {"prompt": "a red fox in snow", "seed": 7, "steps": 20, "step_seconds": 0.5},
+        "resources": {"gpu_count": 1, "gpu_types": ["H100", "A100"], "min_gpu_memory_gb": 40},
+        "max_runtime_s": 600,
+        "preemptible": True,
+    }
+    body.update(overrides)
+    return body
+
+
+class JobFactory(factory.django.DjangoModelFactory):
+    """A job row in any status, with no hold unless `with_hold=True` is passed."""
+
+    class Meta:
+        model = Job
+        skip_postgeneration_save = True
+
+    class Params:
+        with_hold = False
+
+    org = factory.SubFactory(OrgFactory)
+    project = factory.LazyAttribute(lambda job: ProjectFactory(org=job.org))
+    tier = factory.LazyAttribute(lambda job: job.org.tier)
+    status = JobStatus.QUEUED
+    params = factory.Sequence(lambda n: {"prompt": f"scene {n}", "steps": 5})
+    gpu_count = 1
+    gpu_types = factory.LazyFunction(lambda: ["H100"])
+    min_gpu_memory_gb = 0
+    max_runtime_s = 600
+    fingerprint = factory.LazyAttribute(
+        lambda job: fingerprint_of(
+            JobSpec(
+                params=job.params,
+                max_runtime_s=job.max_runtime_s,
+                gpu_count=job.gpu_count,
+                gpu_types=tuple(job.gpu_types),
+                min_gpu_memory_gb=job.min_gpu_memory_gb,
+            )
+        )
+    )
+    queued_at = factory.LazyFunction(timezone.now)
+    finished_at = factory.LazyAttribute(
+        lambda job: (
+            timezone.now()
+            if job.status
+            in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.TIMED_OUT, JobStatus.CANCELLED)
+            else None
+        )
+    )
+
+    @factory.lazy_attribute
+    def hold(self):
+        if not self.with_hold:
+            return None
+        from apps.ledger import services as ledger
+
+        if not self.org.credit_buckets.exists():
+            grant_credits(self.org)
+        return ledger.reserve(
+            org=self.org,
+            amount=self.max_runtime_s * self.gpu_count * H100_PRICE // 3600,
+            idempotency_key=f"test-hold:{uuid.uuid4()}",
+            project=self.project,
+        )
+
+    @factory.post_generation
+    def created_event(job, create, extracted, **kwargs):
+        if create:
+            JobEvent.objects.create(
+                job=job, from_status="", to_status=job.status, reason="created", actor="test"
+            )
+
+
+def place(job: Job, *, gpus: int = 1, state: str = AttemptState.SCHEDULED, started=False):
+    """Give the job an attempt on a fresh node with `gpus` assigned H100s."""
+    demo_gpu_types()
+    node = NodeFactory()
+    devices = [GpuFactory(node=node, index=i, gpu_type_id="H100") for i in range(gpus)]
+    now = timezone.now()
+    attempt = Attempt.objects.create(
+        job=job,
+        number=job.attempt_count + 1,
+        node=node,
+        gpu_type="H100",
+        price_per_gpu_hour=H100_PRICE,
+        gpu_indices=[g.index for g in devices],
+        devices=",".join(str(g.index) for g in devices),
+        fencing_token=next(_tokens),
+        state=state,
+        lease_expires_at=now + timedelta(minutes=5),
+        started_at=now if started else None,
+    )
+    for gpu in devices:
+        GpuAssignment.objects.create(attempt=attempt, gpu=gpu)
+    Job.objects.filter(pk=job.pk).update(attempt_count=attempt.number, gpu_type="H100")
+    return attempt
+
+
+def reset_job_state() -> None:
+    """Fresh GPU types (and cache) and empty rate-limit buckets for one test."""
+    from apps.jobs import selectors
+    from apps.jobs.services.admission import redis_client
+
+    selectors.clear_gpu_type_cache()
+    demo_gpu_types()
+    client = redis_client()
+    for pattern in ("gantry:ratelimit:*", "gantry:admission:*", "gantry:webhook:*"):
+        keys = list(client.scan_iter(pattern))
+        if keys:
+            client.delete(*keys)
+
+
+def submit(client, body: dict, *, key: str | None = None, **headers):
+    """POST /v1/jobs with an Idempotency-Key (a fresh one unless given)."""
+    return client.post(
+        "/v1/jobs",
+        body,
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=key or str(uuid.uuid4()),
+        **headers,
+    )

@@ -1,0 +1,123 @@
+"""Operators' admin pages: buckets are granted (never edited), entries are read-only."""
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.urls import reverse
+
+from apps.ledger.models import Bucket, Budget, Entry, HoldState
+from tests.factories import OrgFactory, ProjectFactory
+from tests.ledger.factories import CREDIT, BucketFactory, HoldFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ledger():
+    org = OrgFactory(name="acme")
+    bucket = BucketFactory(org=org, granted=10 * CREDIT)
+    hold = HoldFactory(org=org, amount=2 * CREDIT)
+    return org, bucket, hold
+
+
+@pytest.mark.parametrize(
+    "model", ["bucket", "hold", "entry", "budget", "budgetalert", "ledgerauditevent"]
+)
+def test_every_ledger_changelist_renders_with_search_and_filters(admin_client, ledger, model):
+    url = reverse(f"admin:ledger_{model}_changelist")
+    assert admin_client.get(url).status_code == 200
+    assert admin_client.get(url, {"q": "acme"}).status_code == 200
+
+
+def test_bucket_and_hold_detail_pages_are_viewable(admin_client, ledger):
+    _org, bucket, hold = ledger
+    assert (
+        admin_client.get(reverse("admin:ledger_bucket_change", args=[bucket.pk])).status_code == 200
+    )
+    page = admin_client.get(reverse("admin:ledger_hold_change", args=[hold.pk]))
+    assert page.status_code == 200 and b"allocations" in page.content.lower()
+
+
+def test_entries_cannot_be_added_changed_or_deleted_in_the_admin(admin_client, ledger):
+    entry = Entry.objects.first()
+    assert admin_client.get(reverse("admin:ledger_entry_add")).status_code == 403
+    assert (
+        admin_client.get(reverse("admin:ledger_entry_delete", args=[entry.pk])).status_code == 403
+    )
+    view = admin_client.get(reverse("admin:ledger_entry_change", args=[entry.pk]))
+    assert view.status_code == 200 and b'name="_save"' not in view.content
+    refused = admin_client.post(
+        reverse("admin:ledger_entry_change", args=[entry.pk]), {"amount": 1}
+    )
+    assert refused.status_code == 403
+
+
+def test_adding_a_bucket_in_the_admin_grants_credit_through_the_ledger(admin_client):
+    org = OrgFactory()
+    project = ProjectFactory(org=org)
+    url = reverse("admin:ledger_bucket_add")
+    form = admin_client.get(url)
+    assert form.status_code == 200 and b"Grant credits" in form.content
+    key = form.context["form"]["idempotency_key"].initial
+    body = {
+        "org": org.pk,
+        "project": project.pk,
+        "kind": "grant",
+        "amount": 3 * CREDIT,
+        "expires_at": "",
+        "idempotency_key": key,
+    }
+    assert admin_client.post(url, body).status_code == 302
+    assert admin_client.post(url, body).status_code == 302  # a double submit grants once
+    bucket = Bucket.objects.get(org=org)
+    assert (bucket.granted, bucket.kind, bucket.project) == (3 * CREDIT, "grant", project)
+    assert bucket.actor == "admin admin"
+    assert Entry.objects.filter(bucket=bucket, kind="issue").count() == 2
+
+
+def test_the_grant_form_refuses_a_project_of_another_org(admin_client):
+    body = {
+        "org": OrgFactory().pk,
+        "project": ProjectFactory().pk,
+        "kind": "paid",
+        "amount": CREDIT,
+        "idempotency_key": "k",
+    }
+    response = admin_client.post(reverse("admin:ledger_bucket_add"), body)
+    assert response.status_code == 200 and b"another org" in response.content
+    assert not Bucket.objects.exists()
+
+
+def test_the_grant_more_action_grants_once_per_org_of_the_selection(admin_client, ledger):
+    org, bucket, _hold = ledger
+    second = BucketFactory(org=org)
+    other = BucketFactory()
+    url = reverse("admin:ledger_bucket_changelist")
+    selection = {"action": "grant_more", ACTION_CHECKBOX_NAME: [bucket.pk, second.pk, other.pk]}
+    page = admin_client.post(url, selection)
+    assert page.status_code == 200 and b"Grant credits to 2 org(s)" in page.content
+    done = admin_client.post(
+        url,
+        {**selection, "apply": "1", "kind": "promo", "amount": CREDIT, "idempotency_key": "once"},
+    )
+    assert done.status_code == 302
+    assert Bucket.objects.filter(kind="promo", granted=CREDIT).count() == 2
+    assert Bucket.objects.filter(org=org, kind="promo").count() == 1
+
+
+def test_the_settle_action_closes_active_holds_once(admin_client, ledger):
+    _org, _bucket, hold = ledger
+    url = reverse("admin:ledger_hold_changelist")
+    body = {"action": "settle_at_metered_usage", ACTION_CHECKBOX_NAME: [hold.pk]}
+    admin_client.post(url, body)
+    admin_client.post(url, body)
+    hold.refresh_from_db()
+    assert hold.state == HoldState.SETTLED and hold.refunded == 2 * CREDIT
+    assert Entry.objects.filter(hold=hold, kind="refund").count() == 2
+
+
+def test_a_budget_saved_in_the_admin_goes_through_set_budget(admin_client, ledger):
+    org, _bucket, _hold = ledger
+    body = {"org": org.pk, "limit": 5 * CREDIT, "period": "month", "mode": "hard"}
+    assert admin_client.post(reverse("admin:ledger_budget_add"), body).status_code == 302
+    budget = Budget.objects.get()
+    assert budget.held == 2 * CREDIT  # the open hold was counted

@@ -1,0 +1,93 @@
+"""Decayed GPU usage for fair share, and the dispatcher's Prometheus series."""
+
+from datetime import timedelta
+
+import pytest
+from prometheus_client import REGISTRY
+
+from apps.accounts.models import Tier
+from apps.jobs.models import Attempt
+from apps.scheduler.models import RecordedAttemptUsage, UsageAccount, UsageScope
+from apps.scheduler.services.dispatch import run_dispatch_tick
+from apps.scheduler.services.recovery import requeue_attempt
+from apps.scheduler.services.snapshot import build_snapshot
+from apps.scheduler.services.usage import record_attempt_usage, record_gpu_usage, spread_factor
+from tests.factories import OrgFactory, UserFactory
+from tests.scheduler.factories import JobFactory, NodeFactory, live_attempt, start_attempt
+
+pytestmark = pytest.mark.django_db
+
+
+def test_recorded_usage_accrues_per_tier_org_and_user():
+    org = OrgFactory(tier=Tier.PAID)
+    user = UserFactory(org=org)
+
+    record_gpu_usage(org_id=org.pk, user_id=user.pk, gpu_seconds=100)
+    record_gpu_usage(org_id=org.pk, user_id=user.pk, gpu_seconds=50)
+
+    usage = build_snapshot().cluster.usage
+    assert usage.by_org[str(org.pk)] == pytest.approx(150, rel=1e-3)
+    assert usage.by_user[(str(org.pk), str(user.pk))] == pytest.approx(150, rel=1e-3)
+    assert usage.by_tier["paid"] == pytest.approx(150, rel=1e-3)
+
+
+def test_old_usage_has_decayed_by_its_half_lives(settings):
+    settings.GANTRY_USAGE_HALF_LIFE_S = 600
+    org = OrgFactory()
+    record_gpu_usage(org_id=org.pk, user_id=None, gpu_seconds=1000)
+    UsageAccount.objects.update(as_of=UsageAccount.objects.first().as_of - timedelta(hours=1))
+
+    usage = build_snapshot().cluster.usage
+
+    assert usage.by_org[str(org.pk)] == pytest.approx(1000 / 64, rel=1e-3)  # six half-lives
+
+
+def test_a_finished_attempt_is_recorded_exactly_once_at_its_decayed_worth(settings):
+    settings.GANTRY_USAGE_HALF_LIFE_S = 1800
+    NodeFactory(gpus=2)
+    job = JobFactory(gpu_count=2)
+    run_dispatch_tick()
+    attempt = start_attempt(live_attempt(job), ran_for_s=900)
+    Attempt.objects.filter(pk=attempt.pk).update(gpu_ms=2 * 900 * 1000)
+    requeue_attempt(attempt_id=attempt.pk, reason="lost", actor="test")
+
+    again = record_attempt_usage(attempt_id=attempt.pk)  # the on_commit call did not run
+
+    assert again == pytest.approx(1800)
+    assert record_attempt_usage(attempt_id=attempt.pk) is None
+    assert RecordedAttemptUsage.objects.count() == 1
+    org = UsageAccount.objects.get(scope=UsageScope.ORG, key=str(job.org_id))
+    assert org.value == pytest.approx(1800 * spread_factor(900, 1800), rel=1e-3)
+
+
+def test_an_attempt_that_never_started_records_nothing():
+    NodeFactory()
+    job = JobFactory()
+    run_dispatch_tick()
+
+    assert record_attempt_usage(attempt_id=live_attempt(job).pk) is None
+    assert not UsageAccount.objects.exists()
+
+
+def _sample(name, labels=None):
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+def test_a_tick_reports_its_duration_decisions_and_queue_depth_per_tier():
+    NodeFactory(gpus=1)
+    JobFactory()
+    for _ in range(3):
+        JobFactory(org=OrgFactory(tier=Tier.FREE))
+    ticks = _sample("gantry_dispatch_tick_seconds_count")
+    placed = _sample("gantry_dispatch_decisions_total", {"kind": "place", "outcome": "applied"})
+
+    run_dispatch_tick()
+
+    assert _sample("gantry_dispatch_tick_seconds_count") == ticks + 1
+    assert (
+        _sample("gantry_dispatch_decisions_total", {"kind": "place", "outcome": "applied"})
+        == placed + 1
+    )
+    assert _sample("gantry_queue_depth", {"tier": "free"}) == 3
+    assert _sample("gantry_queue_depth", {"tier": "paid"}) == 0
+    assert _sample("gantry_queue_depth", {"tier": "enterprise"}) == 0

@@ -1,0 +1,90 @@
+"""Fair share: weights, FIFO within a user, decayed usage, aging, floors and ceilings."""
+
+from collections import Counter
+
+from apps.scheduler.policy import Place, PolicyConfig, UsageSnapshot, schedule
+from apps.scheduler.policy.builders import allocation, job, node, snapshot
+
+NO_FLOORS = {"enterprise": 0.0, "paid": 0.0, "free": 0.0}
+
+
+def placed_by(decisions, attribute, jobs):
+    by_id = {j.id: j for j in jobs}
+    return Counter(getattr(by_id[d.job_id], attribute) for d in decisions if isinstance(d, Place))
+
+
+def test_fair_shares_follow_org_weights():
+    nodes = [node(f"n{i}", gpus=3) for i in range(3)]  # 9 GPUs
+    queue = [job(f"a{i}", org="a", submitted_at=i) for i in range(20)]
+    queue += [job(f"b{i}", org="b", submitted_at=i) for i in range(20)]
+    decisions = schedule(snapshot(nodes, queue, org_weights={"a": 2.0, "b": 1.0}))
+    assert placed_by(decisions, "org", queue) == {"a": 6, "b": 3}
+
+
+def test_tier_weights_split_an_empty_fleet():
+    config = PolicyConfig(tier_floors=NO_FLOORS)
+    nodes = [node("n0", gpus=5), node("n1", gpus=5)]  # 10 GPUs, weights 6:3:1
+    queue = [
+        job(f"{tier}{i}", tier=tier, org=tier, submitted_at=i)
+        for tier in ("enterprise", "paid", "free")
+        for i in range(12)
+    ]
+    decisions = schedule(snapshot(nodes, queue, config=config))
+    assert placed_by(decisions, "tier", queue) == {"enterprise": 6, "paid": 3, "free": 1}
+
+
+def test_users_of_an_org_share_its_gpus_equally():
+    queue = [job(f"{u}{i}", user=u, submitted_at=i) for u in ("u1", "u2", "u3") for i in range(9)]
+    decisions = schedule(snapshot([node("n0", gpus=6)], queue))
+    assert placed_by(decisions, "user", queue) == {"u1": 2, "u2": 2, "u3": 2}
+
+
+def test_jobs_of_one_user_start_oldest_first():
+    queue = [job("young", submitted_at=50.0), job("old", submitted_at=10.0)]
+    decisions = schedule(snapshot([node("n0", gpus=1)], queue, now=60.0))
+    assert [d.job_id for d in decisions] == ["old"]
+
+
+def test_an_org_that_used_more_recently_goes_after_one_that_did_not():
+    usage = UsageSnapshot(by_org={"heavy": 500_000.0}, by_user={("heavy", "user"): 500_000.0})
+    queue = [job("h", org="heavy"), job("l", org="light", submitted_at=5.0)]
+    decisions = schedule(snapshot([node("n0", gpus=1)], queue, usage=usage, now=10.0))
+    assert [d.job_id for d in decisions] == ["l"]
+
+
+def test_aging_lifts_a_starved_free_job():
+    # The busy org has used a lot lately; its job has been waiting for three hours. The
+    # idle-ish org's job just arrived. Without aging the fresh job would win the GPU.
+    usage = UsageSnapshot(
+        by_org={"busy": 3600.0, "calm": 600.0},
+        by_user={("busy", "user"): 3600.0, ("calm", "user"): 600.0},
+    )
+    now = 3 * 3600.0
+    queue = [
+        job("starved", tier="free", org="busy", submitted_at=0.0),
+        job("fresh", tier="free", org="calm", submitted_at=now),
+    ]
+    aged = schedule(snapshot([node("n0", gpus=2)], queue, usage=usage, now=now))
+    assert [d.job_id for d in aged][:1] == ["starved"]
+    no_aging = PolicyConfig(aging_shares_per_hour=0.0)
+    unaged = schedule(snapshot([node("n0", gpus=2)], queue, usage=usage, now=now, config=no_aging))
+    assert [d.job_id for d in unaged][:1] == ["fresh"]
+
+
+def test_a_tier_below_its_floor_is_served_first():
+    # Paid holds most of the fleet; free holds nothing and is below its 5 % floor, so the
+    # one free GPU goes to free although paid's job is older and its weight higher.
+    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
+    running = [allocation("a", fleet[0], range(8), tier="paid", org="p")]
+    running.append(allocation("b", fleet[1], range(7), tier="paid", org="p"))
+    queue = [job("paid-job", tier="paid", org="p", submitted_at=0.0)]
+    queue.append(job("free-job", tier="free", org="f", submitted_at=50.0))
+    decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
+    assert [d.job_id for d in decisions] == ["free-job"]
+
+
+def test_a_tier_never_exceeds_its_ceiling():
+    config = PolicyConfig(tier_ceilings={"enterprise": 1.0, "paid": 1.0, "free": 0.5})
+    queue = [job(f"f{i}", tier="free", submitted_at=i) for i in range(8)]
+    decisions = schedule(snapshot([node("n0", gpus=8)], queue, config=config))
+    assert len(decisions) == 4

@@ -1,0 +1,140 @@
+"""Placement: gang, GPU types and memory, best fit, reservations and backfill, node states."""
+
+from apps.scheduler.policy import NodeState, Place, Reserve, schedule
+from apps.scheduler.policy.builders import allocation, job, node, snapshot
+
+
+def places(decisions):
+    return {d.job_id: d for d in decisions if isinstance(d, Place)}
+
+
+def test_gang_placement_never_splits_a_job_across_nodes():
+    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
+    running = [allocation("a0", fleet[0], range(4)), allocation("a1", fleet[1], range(4))]
+    decisions = schedule(snapshot(fleet, [job("big", gpus=8)], running=running, now=10.0))
+    assert "big" not in places(decisions)  # 4 + 4 free, but on two nodes
+
+
+def test_gang_placement_puts_all_gpus_on_one_node_of_one_type():
+    fleet = [node("n0", "H100", gpus=4), node("n1", "A100", gpus=4), node("n2", "H100", gpus=8)]
+    decisions = schedule(snapshot(fleet, [job("big", gpus=8)]))
+    place = places(decisions)["big"]
+    assert place.node == "n2" and place.gpu_type == "H100"
+    assert {gpu_id.split("/")[0] for gpu_id in place.gpu_ids} == {"n2"}
+    assert len(set(place.gpu_ids)) == 8
+
+
+def test_the_most_preferred_allowed_type_with_room_is_chosen_first():
+    fleet = [node("h", "H100"), node("a", "A100")]
+    decisions = schedule(snapshot(fleet, [job("j", types=("A100", "H100"))]))
+    assert places(decisions)["j"].gpu_type == "A100"
+
+
+def test_the_next_allowed_type_is_used_when_the_preferred_one_is_full():
+    fleet = [node("h", "H100", gpus=2), node("a", "A100", gpus=2)]
+    running = [allocation("busy", fleet[1], range(2))]
+    queue = [job("j", types=("A100", "H100"))]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=5.0))
+    assert places(decisions)["j"].gpu_type == "H100"
+
+
+def test_a_type_outside_the_allowed_list_is_never_used():
+    fleet = [node("a", "A100")]
+    decisions = schedule(snapshot(fleet, [job("j", types=("H100",))]))
+    assert decisions == []
+
+
+def test_the_memory_floor_is_respected():
+    fleet = [node("a", "A100"), node("h", "H100")]  # A100: 40 GB, H100: 80 GB
+    decisions = schedule(snapshot(fleet, [job("j", min_memory_gb=80)]))
+    assert places(decisions)["j"].gpu_type == "H100"
+
+
+def test_a_job_that_does_not_care_about_the_type_gets_the_cheapest():
+    fleet = [node("h", "H100"), node("a", "A100")]
+    decisions = schedule(snapshot(fleet, [job("j")]))
+    assert places(decisions)["j"].gpu_type == "A100"
+
+
+def test_best_fit_takes_the_node_with_the_fewest_free_gpus_that_hold_the_job():
+    fleet = [node("roomy", gpus=8), node("snug", gpus=8), node("half", gpus=8)]
+    running = [
+        allocation("a", fleet[1], range(6)),  # snug: 2 free
+        allocation("b", fleet[2], range(4)),  # half: 4 free
+    ]
+    decisions = schedule(snapshot(fleet, [job("pair", gpus=2)], running=running, now=1.0))
+    assert places(decisions)["pair"].node == "snug"
+
+
+def test_best_fit_keeps_a_whole_node_for_a_later_multi_gpu_job():
+    fleet = [node("whole", gpus=8), node("partial", gpus=8)]
+    running = [allocation("a", fleet[1], range(7))]
+    queue = [job("small", submitted_at=0.0), job("big", gpus=8, submitted_at=1.0)]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=2.0))
+    assert places(decisions)["small"].node == "partial"
+    assert places(decisions)["big"].node == "whole"
+
+
+def _blocked_big_job_fleet():
+    """Two nodes whose GPUs free up at t=100 (n0) and t=1000 (n1), each with one GPU
+    free now; an 8-GPU job has been waiting for a long time."""
+    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
+    running = [
+        allocation("r0", fleet[0], range(7), started_at=0.0, max_runtime_s=100.0, org="o0"),
+        allocation("r1", fleet[1], range(7), started_at=0.0, max_runtime_s=1000.0, org="o1"),
+    ]
+    return fleet, running
+
+
+def test_the_head_of_line_multi_gpu_job_reserves_the_node_that_frees_first():
+    fleet, running = _blocked_big_job_fleet()
+    queue = [job("big", gpus=8, org="big", submitted_at=0.0)]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+    reserves = [d for d in decisions if isinstance(d, Reserve)]
+    assert [(r.job_id, r.node, r.start_at) for r in reserves] == [("big", "n0", 100.0)]
+
+
+def test_a_small_job_does_not_backfill_if_it_would_end_after_the_reservation():
+    fleet, running = _blocked_big_job_fleet()
+    queue = [
+        job("big", gpus=8, org="big", submitted_at=0.0),
+        job("long", org="small", submitted_at=5.0, max_runtime_s=500.0),
+    ]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+    assert places(decisions)["long"].node == "n1"  # not on n0, reserved from t=100
+
+
+def test_a_small_job_backfills_where_it_ends_before_the_reservation():
+    fleet, running = _blocked_big_job_fleet()
+    queue = [
+        job("big", gpus=8, org="big", submitted_at=0.0),
+        job("short", org="small", submitted_at=5.0, max_runtime_s=60.0),
+        job("long", org="small", submitted_at=6.0, max_runtime_s=500.0),
+    ]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+    assert places(decisions)["short"].node == "n0"  # done by t=70 < 100
+    assert "backfill" in places(decisions)["short"].reason
+    assert places(decisions)["long"].node == "n1"
+
+
+def test_the_reserved_node_goes_to_its_job_once_drained():
+    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
+    running = [allocation("r1", fleet[1], range(8), started_at=0.0, max_runtime_s=1000.0)]
+    queue = [
+        job("small", org="other", submitted_at=0.0),  # older, and its org has used nothing
+        job("big", gpus=8, org="big", submitted_at=50.0, claimed_node="n0"),
+    ]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=100.0))
+    assert places(decisions)["big"].node == "n0"
+    assert "small" not in places(decisions)  # n1 is full and n0 was kept for "big"
+
+
+def test_draining_and_down_nodes_receive_no_placements():
+    fleet = [
+        node("draining", state=NodeState.DRAINING),
+        node("down", state=NodeState.DOWN),
+        node("up", gpus=1),
+    ]
+    queue = [job(f"j{i}", submitted_at=i) for i in range(5)]
+    decisions = schedule(snapshot(fleet, queue))
+    assert [d.node for d in decisions] == ["up"]

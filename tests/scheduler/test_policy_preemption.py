@@ -1,0 +1,170 @@
+"""Preemption: who may preempt, which victims, and what keeps it from thrashing."""
+
+from apps.scheduler.policy import Place, PolicyConfig, Preempt, schedule
+from apps.scheduler.policy.builders import allocation, job, node, snapshot
+
+NOW = 1000.0
+# The fleets here are tiny: without this, the default floors (a GPU or two) would protect
+# every victim tier. Floors have their own test below.
+NO_FLOORS = PolicyConfig(tier_floors={"enterprise": 0.0, "paid": 0.0, "free": 0.0})
+
+
+def preempts(decisions):
+    return [d for d in decisions if isinstance(d, Preempt)]
+
+
+def enterprise_job(job_id="urgent", gpus=8, waited=30.0, **fields):
+    return job(job_id, tier="enterprise", org="ent", gpus=gpus, submitted_at=NOW - waited, **fields)
+
+
+def full_node(name, tier, org=None, started_at=0.0, **fields):
+    """A node whose 8 GPUs are held by one allocation named like the node."""
+    on = node(name)
+    held = allocation(
+        f"{name}-alloc",
+        on,
+        range(8),
+        tier=tier,
+        org=org or f"{tier}-org",
+        started_at=started_at,
+        **fields,
+    )
+    return on, held
+
+
+def run(nodes_and_allocations, queue, config=None):
+    fleet = [n for n, _ in nodes_and_allocations]
+    running = [a for _, a in nodes_and_allocations if a is not None]
+    return schedule(snapshot(fleet, queue, running=running, now=NOW, config=config or NO_FLOORS))
+
+
+def test_an_enterprise_job_past_its_threshold_preempts_the_lowest_tier():
+    decisions = run(
+        [full_node("paid-node", "paid"), full_node("free-node", "free")], [enterprise_job()]
+    )
+    [preempt] = preempts(decisions)
+    assert preempt.node == "free-node"
+    assert preempt.allocation_ids == ("free-node-alloc",)
+    assert preempt.for_job_id == "urgent"
+    assert "threshold" in preempt.reason
+
+
+def test_the_gpus_are_not_handed_over_in_the_same_round():
+    decisions = run([full_node("free-node", "free")], [enterprise_job()])
+    assert preempts(decisions)
+    assert not [d for d in decisions if isinstance(d, Place)]
+
+
+def test_the_fewest_victims_are_chosen():
+    split = node("split")
+    held = [
+        allocation("s1", split, range(4), tier="free", org="f1"),
+        allocation("s2", split, range(4, 8), tier="free", org="f2"),
+    ]
+    whole, one = full_node("whole", "free")
+    decisions = schedule(
+        snapshot(
+            [split, whole], [enterprise_job()], running=[*held, one], now=NOW, config=NO_FLOORS
+        )
+    )
+    assert preempts(decisions)[0].allocation_ids == ("whole-alloc",)
+
+
+def test_among_equals_the_victim_losing_least_work_since_its_checkpoint_is_chosen():
+    decisions = run(
+        [
+            full_node("stale", "free", last_checkpoint_at=100.0),
+            full_node("fresh", "free", last_checkpoint_at=990.0),
+        ],
+        [enterprise_job()],
+    )
+    assert preempts(decisions)[0].node == "fresh"
+
+
+def test_a_single_gpu_job_frees_one_gpu_by_preempting_one_small_victim():
+    busy = node("busy")
+    held = [allocation(f"b{i}", busy, [i], tier="free", org=f"f{i}") for i in range(8)]
+    held[3].last_checkpoint_at = NOW - 1
+    decisions = schedule(snapshot([busy], [enterprise_job(gpus=1)], running=held, now=NOW))
+    assert preempts(decisions)[0].allocation_ids == ("b3",)
+
+
+def test_a_non_preemptible_job_is_never_a_victim():
+    decisions = run([full_node("pinned", "free", preemptible=False)], [enterprise_job()])
+    assert preempts(decisions) == []
+
+
+def test_a_job_preempted_too_often_is_no_longer_a_victim():
+    capped = PolicyConfig().max_preemptions_per_job
+    decisions = run([full_node("again", "free", preemptions=capped)], [enterprise_job()])
+    assert preempts(decisions) == []
+    decisions = run([full_node("again", "free", preemptions=capped - 1)], [enterprise_job()])
+    assert len(preempts(decisions)) == 1
+
+
+def test_a_just_started_job_is_protected_from_preemption():
+    protected = PolicyConfig().min_runtime_before_preemption_s
+    decisions = run([full_node("new", "free", started_at=NOW - protected + 1)], [enterprise_job()])
+    assert preempts(decisions) == []
+
+
+def test_a_node_already_being_freed_is_not_targeted_again():
+    busy = node("busy")
+    held = [
+        allocation("leaving", busy, range(4), tier="free", org="f1", stopping=True),
+        allocation("staying", busy, range(4, 8), tier="free", org="f2"),
+    ]
+    queue = [enterprise_job("second", gpus=4)]
+    decisions = schedule(snapshot([busy], queue, running=held, now=NOW, config=NO_FLOORS))
+    assert preempts(decisions) == []
+
+
+def test_no_preemption_before_the_tier_threshold():
+    waited = PolicyConfig().preemption_wait_s["enterprise"] - 1
+    decisions = run([full_node("free-node", "free")], [enterprise_job(waited=waited)])
+    assert preempts(decisions) == []
+
+
+def test_a_job_never_preempts_its_own_or_a_higher_tier():
+    decisions = run([full_node("ent-node", "enterprise", org="other")], [enterprise_job()])
+    assert preempts(decisions) == []
+
+
+def test_free_jobs_never_preempt():
+    queue = [job("free-job", tier="free", gpus=8, submitted_at=0.0)]
+    decisions = run([full_node("n", "free", org="other-free")], queue)
+    assert preempts(decisions) == []
+
+
+def test_paid_preempts_free_after_the_paid_threshold():
+    threshold = PolicyConfig().preemption_wait_s["paid"]
+    queue = [job("p", tier="paid", org="p", gpus=8, submitted_at=NOW - threshold - 1)]
+    decisions = run([full_node("free-node", "free")], queue)
+    assert preempts(decisions)[0].node == "free-node"
+
+
+def test_an_org_already_holding_its_fair_share_does_not_preempt():
+    # Enterprise org "ent" holds 8 of 16 GPUs and is the only enterprise org with work,
+    # but it asks for 8 more while free holds the rest: its water-filled entitlement (all
+    # of the fleet by weight, capped by demand = 16) allows it; with a ceiling at half the
+    # fleet it does not.
+    config = PolicyConfig(
+        tier_floors=NO_FLOORS.tier_floors,
+        tier_ceilings={"enterprise": 0.5, "paid": 1.0, "free": 1.0},
+    )
+    ent_node, ent_alloc = full_node("ent-node", "enterprise", org="ent")
+    decisions = run(
+        [(ent_node, ent_alloc), full_node("free-node", "free")], [enterprise_job()], config
+    )
+    assert preempts(decisions) == []
+
+
+def test_preemption_never_pushes_the_victim_tier_below_its_floor():
+    config = PolicyConfig(tier_floors={"enterprise": 0.0, "paid": 0.0, "free": 0.5})
+    decisions = run(
+        [full_node("free-node", "free"), full_node("paid-node", "paid", org="p")],
+        [enterprise_job()],
+        config,
+    )
+    [preempt] = preempts(decisions)
+    assert preempt.node == "paid-node"  # free holds exactly its floor (8 of 16)

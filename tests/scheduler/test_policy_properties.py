@@ -1,0 +1,136 @@
+"""Property test: on random snapshots, decisions never double-book, never use a busy GPU,
+never split a job, and never preempt what may not be preempted."""
+
+import copy
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from apps.scheduler.policy import (
+    TIER_RANK,
+    TIERS,
+    NodeState,
+    Place,
+    PolicyConfig,
+    Preempt,
+    Reserve,
+    schedule,
+)
+from apps.scheduler.policy.builders import DEFAULT_GPU_TYPES, allocation, job, node, snapshot
+
+NOW = 10_000.0
+MEMORY = {t.name: t.memory_gb for t in DEFAULT_GPU_TYPES}
+TYPE_CHOICES = [(), ("H100",), ("A100",), ("H100", "A100"), ("A100", "H100")]
+
+
+@st.composite
+def snapshots(draw):
+    fleet = []
+    for i in range(draw(st.integers(1, 4))):
+        state = draw(st.sampled_from([NodeState.ACTIVE] * 4 + [NodeState.DRAINING, NodeState.DOWN]))
+        fleet.append(
+            node(f"n{i}", draw(st.sampled_from(["H100", "A100"])), draw(st.integers(1, 8)), state)
+        )
+    running, serial = [], 0
+    for on in fleet:
+        free = list(range(len(on.gpus)))
+        while free and draw(st.booleans()):
+            size = draw(st.integers(1, len(free)))
+            taken, free = free[:size], free[size:]
+            serial += 1
+            started = draw(st.floats(0, NOW))
+            running.append(
+                allocation(
+                    f"a{serial}",
+                    on,
+                    taken,
+                    tier=draw(st.sampled_from(TIERS)),
+                    org=draw(st.sampled_from(["o1", "o2", "o3"])),
+                    started_at=started,
+                    max_runtime_s=draw(st.floats(1, 5000)),
+                    preemptible=draw(st.booleans()),
+                    last_checkpoint_at=draw(st.none() | st.floats(started, NOW)),
+                    preemptions=draw(st.integers(0, 3)),
+                    stopping=draw(st.booleans()),
+                )
+            )
+        if free and draw(st.booleans()):
+            on.gpus[free[0]].free = False  # busy without a known allocation
+    queue = [
+        job(
+            f"j{i}",
+            tier=draw(st.sampled_from(TIERS)),
+            org=draw(st.sampled_from(["o1", "o2", "o3", "o4"])),
+            user=draw(st.sampled_from(["u1", "u2"])),
+            gpus=draw(st.sampled_from([1, 1, 2, 4, 8])),
+            submitted_at=draw(st.floats(0, NOW)),
+            max_runtime_s=draw(st.floats(1, 5000)),
+            types=draw(st.sampled_from(TYPE_CHOICES)),
+            min_memory_gb=draw(st.sampled_from([0, 0, 40, 80])),
+            claimed_node=draw(st.none() | st.sampled_from([n.name for n in fleet])),
+        )
+        for i in range(draw(st.integers(0, 12)))
+    ]
+    config = PolicyConfig(
+        tier_floors={t: draw(st.sampled_from([0.0, 0.05, 0.2])) for t in TIERS},
+        preemption_wait_s={"enterprise": 1.0, "paid": 30.0, "free": None},
+        min_runtime_before_preemption_s=draw(st.sampled_from([0.0, 60.0])),
+        reserved_node_share=draw(st.sampled_from([0.0, 0.5, 1.0])),
+    )
+    weights = {org: draw(st.sampled_from([0.5, 1.0, 3.0])) for org in ["o1", "o2", "o3", "o4"]}
+    return snapshot(fleet, queue, running=running, now=NOW, config=config, org_weights=weights)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_decisions_respect_the_invariants_of_the_cluster(snap):
+    before = copy.deepcopy(snap)
+    decisions = schedule(snap)
+    assert snap == before, "the policy must not modify its snapshot"
+
+    gpus = {gpu.id: (n, gpu) for n in snap.nodes for gpu in n.gpus}
+    held = {gpu_id for a in snap.running for gpu_id in a.gpu_ids}
+    jobs = {j.id: j for j in snap.queued}
+    allocations = {a.id: a for a in snap.running}
+    config = snap.config
+
+    given_gpus, placed_jobs, victims = set(), set(), set()
+    for decision in decisions:
+        if isinstance(decision, Place):
+            queued = jobs[decision.job_id]
+            assert decision.job_id not in placed_jobs, "a job is placed at most once"
+            placed_jobs.add(decision.job_id)
+            assert len(decision.gpu_ids) == queued.gpu_count
+            for gpu_id in decision.gpu_ids:
+                assert gpu_id not in given_gpus, "a GPU goes to at most one job"
+                given_gpus.add(gpu_id)
+                on, gpu = gpus[gpu_id]
+                assert on.name == decision.node, "a job's GPUs are all on one node"
+                assert on.state == NodeState.ACTIVE
+                assert gpu.free and gpu_id not in held, "only free GPUs are handed out"
+                assert gpu.type == decision.gpu_type
+            assert not queued.gpu_types or decision.gpu_type in queued.gpu_types
+            assert MEMORY[decision.gpu_type] >= queued.min_gpu_memory_gb
+        elif isinstance(decision, Preempt):
+            claimant = jobs[decision.for_job_id]
+            assert decision.for_job_id not in placed_jobs
+            for allocation_id in decision.allocation_ids:
+                victim = allocations[allocation_id]
+                assert allocation_id not in victims
+                victims.add(allocation_id)
+                assert victim.node == decision.node
+                assert victim.preemptible and not victim.stopping
+                assert TIER_RANK[victim.tier] < TIER_RANK[claimant.tier]
+                assert victim.preemptions < config.max_preemptions_per_job
+                assert NOW - victim.started_at >= config.min_runtime_before_preemption_s
+                assert not any(a.stopping for a in snap.running if a.node == decision.node), (
+                    "a node already being freed is not targeted again"
+                )
+        else:
+            assert isinstance(decision, Reserve)
+            assert jobs[decision.job_id].gpu_count > 1
+    for decision in decisions:
+        if isinstance(decision, Reserve):
+            assert decision.job_id not in placed_jobs or any(
+                isinstance(d, Place) and d.job_id == decision.job_id for d in decisions
+            )

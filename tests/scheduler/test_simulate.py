@@ -1,0 +1,251 @@
+"""The simulator: scenarios run to completion under every policy, the engine checks
+every decision, results are reproducible, and the CLI writes its report and plots."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from apps.scheduler.policy import PolicyConfig, Preempt
+from apps.scheduler.simulate import (
+    POLICIES,
+    Simulation,
+    SimulationError,
+    jain_index,
+    run_scenario,
+    summarize,
+    synthetic_fleet,
+)
+from apps.scheduler.simulate.__main__ import main
+from apps.scheduler.simulate.workload import JobSpec, OrgSpec, Workload, steady
+
+TRACE = Path("/work/shared/traces/alibaba-gpu-v2023.csv")
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_small_overloaded_cluster_runs_under_every_policy(policy):
+    report = run_scenario("steady", [policy], gpus=64, duration_s=900.0, seed=3)
+    [summary] = report.summaries
+    assert 0.5 < summary.utilisation_while_queued <= 1.0
+    assert summary.started > 40
+    assert summary.rejected > 0  # 2x overload: the free tier hits its queue quota
+    assert summary.waits["enterprise"].count > 0
+    if policy != "fair":
+        assert summary.preemptions == 0
+
+
+def test_the_same_seed_gives_the_same_results():
+    first = run_scenario("steady", ["fair"], gpus=32, duration_s=300.0, seed=5).summaries[0]
+    again = run_scenario("steady", ["fair"], gpus=32, duration_s=300.0, seed=5).summaries[0]
+    assert (first.waits, first.jain, first.preemptions, first.lost_gpu_seconds) == (
+        again.waits,
+        again.jain,
+        again.preemptions,
+        again.lost_gpu_seconds,
+    )
+
+
+def test_flood_reports_other_enterprise_customers_waits_with_and_without_it():
+    report = run_scenario(
+        "flood", ["fair"], gpus=48, duration_s=400.0, seed=2, flood_jobs=300, warmup_s=60.0
+    )
+    [impact] = report.flood
+    assert impact.jobs > 0
+    assert impact.p95_with >= 0 and impact.p95_without >= 0
+    flooded = report.results[0]
+    assert sum(1 for r in flooded.jobs if r.tag == "flood") == 300
+
+
+def test_spike_adds_a_burst_of_arrivals():
+    fleet = synthetic_fleet(32)
+    plain = steady(fleet.gpu_types, fleet.total_gpus, 600.0, seed=1)
+    report = run_scenario("spike", ["fair"], gpus=32, duration_s=600.0, seed=1)
+    assert any("spike" in note for note in report.notes)
+    assert sum(s.admitted + s.rejected for s in report.summaries) > len(plain.jobs)
+
+
+def test_a_trace_replays_on_a_fleet_file(tmp_path):
+    fleet_file = tmp_path / "fleet.json"
+    fleet_file.write_text(
+        json.dumps(
+            {
+                "gpu_types": {
+                    "T4": {"memory_gb": 16, "price_per_gpu_hour": 400_000},
+                    "V100": {"memory_gb": 32, "price_per_gpu_hour": 1_500_000},
+                },
+                "nodes": [
+                    {"name": "t4-a", "gpus": [{"type": "T4"}] * 4},
+                    {"name": "v100-a", "gpus": [{"type": "V100"}] * 8},
+                ],
+            }
+        )
+    )
+    trace = tmp_path / "trace.csv"
+    rows = ["submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible"]
+    for i in range(60):
+        tier = ("enterprise", "paid", "free")[i % 3]
+        types = ("", "T4", "V100|T4", "A100")[i % 4]  # A100 is not in the fleet
+        rows.append(
+            f"{i * 100},{300 + i},{1 + i % 2},{types},{tier},org-{i % 4},u{i % 7},{tier == 'free'}"
+        )
+    trace.write_text("\n".join(rows) + "\n")
+    report = run_scenario(
+        "trace", ["fair", "fifo"], fleet_file=fleet_file, trace_path=trace, duration_s=600.0
+    )
+    assert report.fleet.total_gpus == 12
+    assert any("dropped" in note for note in report.notes)
+    assert all(s.started > 0 for s in report.summaries)
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shared Alibaba trace is not available")
+def test_the_alibaba_trace_replays_on_its_fleet():
+    report = run_scenario(
+        "trace",
+        ["fair"],
+        fleet_file=TRACE.with_name("alibaba-gpu-v2023-fleet.json"),
+        trace_path=TRACE,
+        duration_s=200.0,
+        trace_speedup=20_000.0,
+    )
+    assert report.fleet.total_gpus == 6212
+    assert report.summaries[0].started > 0
+
+
+def _tiny_workload(jobs):
+    orgs = [OrgSpec("free-org", "free", 1.0, ("u",)), OrgSpec("ent-org", "enterprise", 1.0, ("e",))]
+    return Workload(name="tiny", jobs=jobs, orgs=orgs)
+
+
+def _job(job_id, tier, gpus, at, work=100.0):
+    org, user = ("ent-org", "e") if tier == "enterprise" else ("free-org", "u")
+    return JobSpec(
+        id=job_id,
+        submit_at=at,
+        tier=tier,
+        org=org,
+        user=user,
+        gpu_count=gpus,
+        max_runtime_s=2 * work,
+        work_s=work,
+        checkpoint_every_s=30.0,
+    )
+
+
+def test_preemption_stops_the_victim_after_its_grace_and_charges_lost_work():
+    # A free job fills the node; an enterprise job arrives and, once past its threshold,
+    # preempts it. The victim loses its progress since its last checkpoint (every 30 s)
+    # plus the stop delay, re-queues, and both eventually finish.
+    config = PolicyConfig(
+        tier_floors={"enterprise": 0.0, "paid": 0.0, "free": 0.0},
+        tier_ceilings={"enterprise": 1.0, "paid": 1.0, "free": 1.0},
+    )
+    jobs = [_job("victim", "free", 8, 0.0, work=400.0), _job("urgent", "enterprise", 8, 100.0)]
+    sim = Simulation(
+        synthetic_fleet(8),
+        _tiny_workload(jobs),
+        POLICIES["fair"],
+        policy_name="fair",
+        config=config,
+        duration_s=1200.0,
+        warmup_s=0.0,
+        queue_quota={},
+        stop_delay_s=5.0,
+    )
+    result = sim.run()
+    records = {r.id: r for r in result.jobs}
+    assert result.preemptions == 1
+    assert records["victim"].preemptions == 1
+    assert records["urgent"].first_start >= 100.0 + config.preemption_wait_s["enterprise"]
+    assert records["victim"].finished_at is not None and records["urgent"].finished_at
+    # Preempted at ~t=106 (started at 1, so 105 s in: last checkpoint at 90 s of
+    # progress), stopped 5 s later: about 20 s of 8 GPUs lost.
+    assert 8 * 10 <= result.lost_gpu_seconds <= 8 * 30
+
+
+def test_the_engine_rejects_a_decision_that_breaks_the_cluster():
+    def greedy_double_booking(snapshot):
+        # Starts a job, then claims the very same GPU for a second job.
+        from apps.scheduler.policy import Place
+
+        node = snapshot.nodes[0]
+        first, second = snapshot.queued[:2]
+        gpu = node.gpus[0].id
+        return [
+            Place(first.id, node.name, (gpu,), node.gpus[0].type, "test"),
+            Place(second.id, node.name, (gpu,), node.gpus[0].type, "test"),
+        ]
+
+    jobs = [_job("a", "free", 1, 0.0), _job("b", "free", 1, 0.0)]
+    sim = Simulation(
+        synthetic_fleet(8),
+        _tiny_workload(jobs),
+        greedy_double_booking,
+        policy_name="bad",
+        duration_s=5.0,
+        queue_quota={},
+    )
+    with pytest.raises(SimulationError, match="not free"):
+        sim.run()
+
+
+def test_the_engine_rejects_preempting_a_protected_job():
+    def eager(snapshot):
+        if not snapshot.running:
+            return POLICIES["fair"](snapshot)
+        victim = snapshot.running[0]
+        return [Preempt((victim.id,), (victim.job_id,), victim.node, snapshot.queued[0].id, "t")]
+
+    jobs = [_job("v", "free", 4, 0.0), _job("e", "enterprise", 8, 2.0)]
+    sim = Simulation(
+        synthetic_fleet(8),
+        _tiny_workload(jobs),
+        eager,
+        policy_name="eager",
+        duration_s=10.0,
+        queue_quota={},
+    )
+    with pytest.raises(SimulationError, match="protected"):
+        sim.run()
+
+
+def test_jain_index_is_one_for_equal_shares_and_falls_with_imbalance():
+    assert jain_index([3.0, 3.0, 3.0]) == pytest.approx(1.0)
+    assert jain_index([1.0, 0.0]) == pytest.approx(0.5)
+    assert jain_index([5.0]) is None
+
+
+def test_summary_of_an_empty_window_is_well_defined():
+    report = run_scenario("steady", ["fifo"], gpus=16, duration_s=30.0, seed=1)
+    summary = summarize(report.results[0])
+    assert summary.lost_fraction == 0.0
+
+
+def test_the_command_line_prints_the_table_and_writes_plots(tmp_path, capsys):
+    out = tmp_path / "plots"
+    code = main(
+        [
+            "--scenario",
+            "steady",
+            "--gpus",
+            "32",
+            "--duration",
+            "300",
+            "--policy",
+            "all",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    for policy in POLICIES:
+        assert f"| {policy} |" in printed
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "steady-utilisation.png",
+        "steady-wait-cdf.png",
+    ]
+
+
+def test_the_command_line_reports_bad_input(capsys):
+    assert main(["--scenario", "trace", "--gpus", "8", "--duration", "10"]) == 2
+    assert "trace CSV" in capsys.readouterr().err
