@@ -70,7 +70,10 @@ class BucketAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in Bucket._meta.fields]
     actions = ["grant_more"]
 
-    @admin.display(description="remaining", ordering=F("granted") - F("consumed") - F("held"))
+    @admin.display(
+        description="remaining",
+        ordering=F("granted") - F("consumed") - F("held") - F("expired"),
+    )
     def remaining_display(self, obj):
         return obj.remaining
 

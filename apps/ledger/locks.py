@@ -1,4 +1,4 @@
-"""PostgreSQL advisory locks, keyed by a name hashed in SQL (no key registry to keep)."""
+"""PostgreSQL advisory locks for the periodic tasks, keyed by a name hashed in SQL."""
 
 from __future__ import annotations
 
@@ -6,13 +6,6 @@ import contextlib
 from collections.abc import Iterator
 
 from django.db import connection
-
-
-def xact_lock(name: str, *, shared: bool = False) -> None:
-    """Block until the lock is held; it is released when the transaction ends."""
-    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}(hashtextextended(%s, 0))", [name])
 
 
 @contextlib.contextmanager

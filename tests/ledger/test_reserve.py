@@ -3,11 +3,16 @@
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from apps.api.errors import Conflict, GantryError, InsufficientCredits
 from apps.ledger import services
-from apps.ledger.models import Entry, Hold, HoldAllocation
+from apps.ledger.allocation import Source, burn_key, plan_draw
+from apps.ledger.models import Bucket, Entry, Hold, HoldAllocation
 from tests.factories import OrgFactory, ProjectFactory, UserFactory
 from tests.ledger.factories import CREDIT, BucketFactory, HoldFactory
 
@@ -176,3 +181,58 @@ def test_extend_without_credit_is_402_and_a_closed_hold_cannot_be_extended():
     services.release(hold, reason="cancelled")
     with pytest.raises(Conflict):
         services.extend(hold, amount=CREDIT)
+
+
+bucket_specs = st.lists(
+    st.tuples(
+        st.sampled_from(["paid", "promo", "grant"]),
+        st.integers(1, 50),
+        st.one_of(st.none(), st.integers(1, 3)),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@examples(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(specs=bucket_specs, amount=st.integers(1, 200))
+def test_reserve_draws_exactly_what_the_burn_order_rule_prescribes(specs, amount):
+    """The database draws (reserve, in SQL) and the Python rule (extend, the model)
+    agree on every bucket set."""
+    with transaction.atomic():
+        org = OrgFactory()
+        soon = timezone.now() + timedelta(days=1)
+        buckets = [
+            BucketFactory(
+                org=org,
+                kind=kind,
+                granted=granted,
+                expires_at=soon + timedelta(days=days) if days else None,
+            )
+            for kind, granted, days in specs
+        ]
+        expected = plan_draw(
+            [
+                Source(
+                    b.pk,
+                    b.remaining,
+                    burn_key(
+                        expires_at=b.expires_at,
+                        kind=b.kind,
+                        created_at=b.created_at,
+                        bucket_id=b.pk,
+                    ),
+                )
+                for b in Bucket.objects.filter(pk__in=[b.pk for b in buckets])
+            ],
+            amount,
+        )
+        try:
+            hold = services.reserve(org=org, amount=amount, idempotency_key="k")
+        except InsufficientCredits:
+            assert expected == []
+        else:
+            assert drawn(hold) == expected
+        transaction.set_rollback(True)

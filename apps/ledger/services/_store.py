@@ -6,17 +6,19 @@ on a busy machine every round trip is a wake-up that waits for a CPU:
 
 - LedgerTransaction: a service call reads under its locks with one statement, sent
   together with BEGIN, and writes with one statement, sent together with COMMIT
-  (psycopg pipeline mode): two round trips for a whole reserve or settle. Inside a
-  caller's transaction it is a savepoint, and commits with the caller.
+  (psycopg pipeline mode): a settle is two round trips, a reserve (one statement that
+  draws and writes) one. Inside a caller's transaction it is a savepoint, and commits
+  with the caller.
 - Changes collects everything one call writes (entries, bucket cache deltas,
   allocations, hold, usage-mark and budget changes) and writes it with ONE statement
   of data-modifying CTEs. Whatever must stop the commit (a hard budget exceeded, a
   lock that was not held) is checked inside that statement, which then raises.
 - All of a call's entries go in by one INSERT, which the database refuses unless every
   ledger transaction in it sums to zero.
-- The caller holds the row locks of what Changes touches (holds first, then buckets in
-  id order; budget rows are locked by the statement itself, org → project → user), so
-  the write never deadlocks.
+- Lock order: holds first (by the reading statement), then buckets in id order, then
+  budget rows org → project → user. Hot rows (buckets, budgets) are locked by the write
+  statement itself where it can (settle, reserve), so they stay locked only while it
+  runs and commits, never across a round trip to the client.
 """
 
 # SQL here is composed only of this package's own constant fragments; values are
@@ -418,8 +420,7 @@ class Changes:
             params["ub_if_gone"] = [self.expired_if_gone.get(i, 0) for i in ids]
             # Joined to lb when the statement locks the buckets: every lock is taken, in
             # id order, before the first bucket row is written.
-            gone = ("CASE WHEN lb.gone THEN d.if_gone ELSE 0 END" if self.lock_buckets
-                    else "0")  # fmt: skip
+            gone = "CASE WHEN lb.gone THEN d.if_gone ELSE 0 END" if self.lock_buckets else "0"
             locked = "JOIN lb ON lb.id = d.id" if self.lock_buckets else ""
             parts.append(
                 f"""ub AS (UPDATE ledger_bucket AS b
@@ -455,6 +456,7 @@ class Changes:
             if name in names
         ] + self.checks
         selected = [f"(SELECT count(*) FROM {name})" for name in names] + fetch
+        selected.append("(SELECT coalesce(sum(gone), 0) FROM ub)" if "ub" in names else "0")
         selected += [
             f"CASE WHEN NOT ({ok}) THEN ledger_raise('{code}', {message}) END"
             for ok, code, message in checks
@@ -466,9 +468,8 @@ class Changes:
         for name, _sql, _extra, expressions in self.tail:
             got = tuple(next(values) for _ in expressions)
             self.fetched[name] = got if counts[name] else None
+        self.expired_on_refund = next(values)
         self.inserted_hold = bool(counts.get("hi"))
-        if "ub" in counts and self.expired_if_gone:
-            self.expired_on_refund = self.fetched_gone
         if self.entries and (self.inserted_hold or not self.new_hold):
             moved = [(e[6], e[5]) for e in self.entries if not e[12]]  # (kind, amount)
             moved.append(("expire", self.expired_on_refund))
@@ -500,8 +501,21 @@ class Changes:
                         RETURNING 1)"""
 
     def _entries_sql(self, params: dict) -> str:
-        names = ("txn", "org", "bucket", "source", "target", "amount", "kind", "hold", "job",
-                 "key", "until", "memo", "if_expired")  # fmt: skip
+        names = (
+            "txn",
+            "org",
+            "bucket",
+            "source",
+            "target",
+            "amount",
+            "kind",
+            "hold",
+            "job",
+            "key",
+            "until",
+            "memo",
+            "if_expired",
+        )
         columns = [list(col) for col in zip(*self.entries, strict=True)]
         params.update({f"e_{n}": col for n, col in zip(names, columns, strict=True)})
         expired = "LEFT JOIN lb ON lb.id = m.bucket" if self.lock_buckets else ""

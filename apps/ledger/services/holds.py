@@ -2,9 +2,10 @@
 
 Lock order, everywhere: the hold, then buckets by id, then budgets org → project → user
 as the last rows the transaction touches. No SERIALIZABLE: row locks and guarded
-updates make every race explicit. A reserve or a settle is two round trips: one
-statement that locks and reads (sent with BEGIN), one that writes everything including
-the hold row and the budgets (sent with COMMIT); see services._store.
+updates make every race explicit. A reserve is one statement (one round trip with
+BEGIN, the budget lock and COMMIT); a settle is two: one that locks the hold and reads
+its allocations, one that writes everything, locking the buckets and budgets it
+changes only while it runs (see services._store).
 """
 
 # SQL here is composed only of this package's own constant fragments; values are
@@ -234,15 +235,15 @@ def reserve(
             )
     except psycopg.Error as error:
         raise _refusal(error, op="reserve") from error
-    if hold_expires_at is None:
-        if expires_at is not None and expires_at <= now:
-            raise GantryError(
-                "expires_at must be in the future.", code="invalid", field="expires_at"
-            )
+    if hold_expires_at is None:  # nothing was written
         if Hold.objects.filter(org=org, idempotency_key=idempotency_key).exists():
             # The key is taken (possibly by a caller that committed while this one waited
             # on the unique index, or took the last credit): that hold, never a second.
             return _replay(org, idempotency_key, request)
+        if expires_at is not None and expires_at <= now:
+            raise GantryError(
+                "expires_at must be in the future.", code="invalid", field="expires_at"
+            )
         count("reserve", "insufficient_credits")
         raise InsufficientCredits(
             f"Not enough credit: {available} µc available, {amount} µc requested.",
@@ -484,13 +485,15 @@ def _close(hold_id, *, state, reason, final_usage, attempt_key, op) -> SettleRes
             tx,
             hold_id,
             attempt_key=attempt_key if final_usage is not None else None,
-            lock_buckets=True,
             budget_lock=True,
         )
         if hold.state != HoldState.ACTIVE:
             count(op, "replay")
             return SettleResult.of(hold, replayed=True)
-        changes = Changes(at=now, org_id=hold.org_id)
+        # The buckets are locked by the write itself, in id order: held only while it runs.
+        changes = Changes(
+            at=now, org_id=hold.org_id, lock_buckets=[a.bucket_id for a in allocations]
+        )
         reports = (
             [] if final_usage is None else [UsageReport(hold_id, attempt_key, final_usage, None)]
         )
@@ -556,18 +559,18 @@ def _closing_moves(changes: Changes, hold, allocations, *, state, reason) -> int
             memo=reason,
             **common,
         )
-        expires_at = allocation.expires_at
-        if allocation.expired_at is not None or (
-            expires_at is not None and expires_at <= changes.at
-        ):
-            changes.move(
-                kind=EntryKind.EXPIRE,
-                bucket_id=allocation.bucket_id,
-                source=Account.AVAILABLE,
-                target=Account.EXPIRED,
-                amount=unused,
-                memo="refund to an expired bucket",
-                **common,
-            )
+        # A refund to a bucket that has expired is recorded, then expired; whether it has
+        # is decided under the bucket's lock by the write statement (expiry may be
+        # sweeping it right now).
+        changes.move(
+            kind=EntryKind.EXPIRE,
+            bucket_id=allocation.bucket_id,
+            source=Account.AVAILABLE,
+            target=Account.EXPIRED,
+            amount=unused,
+            memo="refund to an expired bucket",
+            if_expired=True,
+            **common,
+        )
         total += unused
     return total
