@@ -36,7 +36,7 @@ CELERY = str(Path(sys.executable).parent / "celery")
 # lose a lease or see a stall that is only scheduling delay.
 FAST_SETTINGS = {
     "GANTRY_HEARTBEAT_S": 0.25,
-    "GANTRY_LEASE_S": 5.0,
+    "GANTRY_LEASE_S": 10.0,
     "GANTRY_STALL_S": 3.0,
     "GANTRY_PREEMPT_GRACE_S": 2.0,
     "GANTRY_RETRY_BACKOFF_S": 0.1,
