@@ -125,8 +125,54 @@ def test_no_preemption_before_the_tier_threshold():
     assert preempts(decisions) == []
 
 
-def test_a_job_never_preempts_its_own_or_a_higher_tier():
-    decisions = run([full_node("ent-node", "enterprise", org="other")], [enterprise_job()])
+def test_a_job_never_preempts_a_higher_tier():
+    threshold = PolicyConfig().preemption_wait_s["paid"]
+    queue = [job("p", tier="paid", org="p", gpus=8, submitted_at=NOW - threshold - 1)]
+    decisions = run([full_node("ent-node", "enterprise", org="other")], queue)
+    assert preempts(decisions) == []
+
+
+def test_a_job_never_preempts_its_own_org():
+    decisions = run([full_node("ent-node", "enterprise", org="ent")], [enterprise_job()])
+    assert preempts(decisions) == []
+
+
+def test_a_customer_flooding_its_tier_is_preempted_for_the_others_of_that_tier():
+    # "flood" (weight 1) holds the whole 16-GPU fleet, four times its weighted share
+    # next to "ent" (weight 3), which asks for 8 and holds nothing.
+    fleet = [full_node("f1", "enterprise", org="flood"), full_node("f2", "enterprise", org="flood")]
+    decisions = schedule(
+        snapshot(
+            [n for n, _ in fleet],
+            [enterprise_job()],
+            running=[a for _, a in fleet],
+            now=NOW,
+            config=NO_FLOORS,
+            org_weights={"flood": 1.0, "ent": 3.0},
+        )
+    )
+    [preempt] = preempts(decisions)
+    assert preempt.allocation_ids in {("f1-alloc",), ("f2-alloc",)}
+
+
+def test_a_same_tier_org_within_its_entitlement_is_not_preempted():
+    # "other" (weight 3) holds 8 GPUs, less than its fair entitlement next to "ent"
+    # (weight 1); the rest of the fleet runs a free job that may not be preempted.
+    fleet = [
+        full_node("o1", "enterprise", org="other"),
+        full_node("pinned", "free", preemptible=False),
+    ]
+    running = [a for _, a in fleet]
+    decisions = schedule(
+        snapshot(
+            [n for n, _ in fleet],
+            [enterprise_job()],
+            running=running,
+            now=NOW,
+            config=NO_FLOORS,
+            org_weights={"other": 3.0, "ent": 1.0},
+        )
+    )
     assert preempts(decisions) == []
 
 

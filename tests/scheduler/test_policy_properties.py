@@ -120,7 +120,9 @@ def test_decisions_respect_the_invariants_of_the_cluster(snap):
                 victims.add(allocation_id)
                 assert victim.node == decision.node
                 assert victim.preemptible and not victim.stopping
-                assert TIER_RANK[victim.tier] < TIER_RANK[claimant.tier]
+                assert TIER_RANK[victim.tier] < TIER_RANK[claimant.tier] or (
+                    victim.tier == claimant.tier and victim.org != claimant.org
+                )
                 assert victim.preemptions < config.max_preemptions_per_job
                 assert NOW - victim.started_at >= config.min_runtime_before_preemption_s
                 assert not any(a.stopping for a in snap.running if a.node == decision.node), (

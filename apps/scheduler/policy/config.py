@@ -10,8 +10,8 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
   below its floor;
 - burst ceilings enterprise 100 %, paid 100 %, free 80 %: a tier never holds more than
   this fraction of the fleet, so some headroom is always left for paying work;
-- usage half-life 30 min; aging within a tier: one fair share per 5 minutes of waiting
-  (12 per hour); between tiers 0.25 per hour;
+- usage half-life 30 min; aging 2 fair shares per hour of waiting within a tier, 0.25
+  between tiers, 12 in the order reservations are granted;
 - preemption after enterprise 5 s, paid 60 s of waiting; free never preempts; a job
   is preempted at most twice; a job that started or resumed less than 60 s ago is
   never a victim; at most 8 preemptions per round;
@@ -56,9 +56,15 @@ class PolicyConfig:
 
     The running part reacts within a tick (a placement immediately lowers the placer's
     priority); the decayed part remembers who has had the fleet lately."""
-    aging_shares_per_hour: float = 12.0
+    aging_shares_per_hour: float = 2.0
     """Aging among the orgs and users of a tier: an entity's priority rises by this many
-    fair shares per hour its oldest queued job has waited."""
+    fair shares per hour its oldest queued job has waited. Kept moderate so that an org
+    flooding the queue (whose oldest job is always old) does not overtake the others of
+    its tier for hours; an entity that gets nothing sees its decayed usage fall anyway."""
+    reservation_aging_shares_per_hour: float = 12.0
+    """Aging in the order reservations are granted within a tier, by each job's own
+    wait: a multi-GPU job cannot start without a reservation on a busy fleet, so old
+    ones must come first quickly (one fair share per five minutes of waiting)."""
     tier_aging_shares_per_hour: float = 0.25
     """The same between tiers, kept slow: floors and decaying usage already keep a tier
     from starving, and fast aging across tiers would turn tier weights into FIFO."""
@@ -73,8 +79,14 @@ class PolicyConfig:
     preemption_grace_s: float = 5.0
     """How long a victim takes to stop; a waiting job that will fit sooner than this by
     itself does not preempt."""
+    same_tier_preemption_factor: float = 2.0
+    """A job may preempt jobs of its own tier only from an org holding more than this many
+    times its weighted share of the tier, and only for an org holding less than its own
+    share: a customer flooding the queue cannot crowd out the others of its tier, while
+    orgs near their shares never preempt one another."""
     max_preemptions_per_tick: int = 8
-    """Upper bound on Preempt decisions per policy call (limits preemption storms)."""
+    """Upper bound on Preempt decisions per policy call and tier (limits preemption
+    storms; per tier, so that paid preempting free never uses up enterprise's turn)."""
     reserved_node_share: float = 0.5
     """At most this fraction of active nodes drain for blocked multi-GPU jobs at once
     (reservations). Each tier may hold a share of them proportional to its fair
@@ -106,8 +118,15 @@ class PolicyConfig:
             raise ValueError("running_weight: must be within [0, 1]")
         if not 0.0 <= self.reserved_node_share <= 1.0:
             raise ValueError("reserved_node_share: must be within [0, 1]")
-        if self.aging_shares_per_hour < 0 or self.tier_aging_shares_per_hour < 0:
+        agings = (
+            self.aging_shares_per_hour,
+            self.tier_aging_shares_per_hour,
+            self.reservation_aging_shares_per_hour,
+        )
+        if min(agings) < 0:
             raise ValueError("aging_shares_per_hour: must be >= 0")
+        if self.same_tier_preemption_factor < 1.0:
+            raise ValueError("same_tier_preemption_factor: must be >= 1")
         for name in (
             "max_preemptions_per_job",
             "max_preemptions_per_tick",

@@ -18,12 +18,13 @@ At each level the child with the lowest *priority key* goes next:
   decayed usage shrink, which lifts it too.
 - A tier holding less than its guaranteed floor is served before any tier at or above
   its own floor.
-- Within a user, jobs are offered oldest first (FIFO, ties by id); a younger job that
+- Within a user, jobs are offered oldest first (FIFO; ties in snapshot order); a younger job that
   fits may still start while an older one cannot (backfill, which reservations keep
   from delaying the older one).
 
-Each step (peek, then consume) costs O(log users + log orgs): keys live in sorted
-containers and only the path of the consumed job is re-keyed. Building the queue from a
+Each step (peek, then consume) costs O(log users + log orgs) amortised: keys live in
+lazy binary heaps (stale entries are dropped when they surface) and only the path of
+the consumed job is re-keyed. Building the queue from a
 snapshot is a single pass over the jobs plus a sort per user (linear when the snapshot
 lists jobs oldest first, as a database `ORDER BY` would).
 """
@@ -34,8 +35,6 @@ import heapq
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-
-from sortedcontainers import SortedList
 
 from .config import TIER_RANK, TIERS, PolicyConfig
 from .snapshot import QueuedJob, UsageSnapshot
@@ -58,7 +57,7 @@ class RunningGpus:
 
 
 class _User:
-    __slots__ = ("fair", "head", "jobs", "load", "name", "order_key")
+    __slots__ = ("fair", "head", "jobs", "load", "name", "order_key", "version")
 
     def __init__(self, name: str):
         self.name = name
@@ -67,10 +66,10 @@ class _User:
         self.load = 0.0
         self.fair = 1.0
         self.order_key: tuple = ()
+        self.version = 0  # bumped on every re-key: older heap entries are stale
 
-    def head_age_key(self) -> tuple:
-        job = self.jobs[self.head]
-        return (job.submitted_at, self.name)
+    def head_submitted_at(self) -> float:
+        return self.jobs[self.head].submitted_at
 
 
 class _Org:
@@ -83,6 +82,7 @@ class _Org:
         "users",
         "users_by_age",
         "users_by_key",
+        "version",
         "weight",
     )
 
@@ -90,26 +90,51 @@ class _Org:
         self.name = name
         self.weight = weight
         self.users: dict[str, _User] = {}
-        self.users_by_key = SortedList()
-        self.users_by_age = SortedList()
+        # Lazy min-heaps: (key..., name, version); an entry is live while the named
+        # child is still queued and its version matches (C heapq beats a sorted list).
+        self.users_by_key: list[tuple] = []
+        self.users_by_age: list[tuple] = []
         self.load = 0.0
         self.fair = 1.0
         self.order_key: tuple = ()
         self.age_key: tuple = ()
+        self.version = 0
 
 
 class _Tier:
-    __slots__ = ("fair", "load", "name", "orgs", "orgs_by_age", "orgs_by_key", "queued", "weight")
+    __slots__ = (
+        "fair",
+        "key",
+        "load",
+        "name",
+        "orgs",
+        "orgs_by_age",
+        "orgs_by_key",
+        "queued",
+        "weight",
+    )
 
     def __init__(self, name: str, weight: float):
         self.name = name
         self.weight = weight
         self.orgs: dict[str, _Org] = {}
-        self.orgs_by_key = SortedList()
-        self.orgs_by_age = SortedList()
+        self.orgs_by_key: list[tuple] = []
+        self.orgs_by_age: list[tuple] = []
         self.load = 0.0
         self.fair = 1.0
         self.queued = 0
+        self.key: tuple | None = None  # cached priority key; None when stale
+
+
+def _live_top(heap: list[tuple], members: dict):
+    """The member at the top of a lazy heap, dropping stale entries on the way."""
+    while heap:
+        entry = heap[0]
+        member = members.get(entry[-2])
+        if member is not None and member.version == entry[-1]:
+            return member
+        heapq.heappop(heap)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,42 +187,37 @@ class FairShareQueue:
         self._pick: Pick | None = None
         self._path: tuple[_Tier, _Org, _User] | None = None
 
-        # One pass: group by (tier, org, user); then FIFO-sort each group (linear when the
-        # snapshot already lists jobs oldest first).
-        groups: dict[tuple[str, str, str], list[QueuedJob]] = {}
+        # One pass: group by tier → org → user (nested dicts: no key tuple per job); then
+        # FIFO-sort each user's jobs (linear when the snapshot lists jobs oldest first).
+        grouped: dict[str, dict[str, dict[str, list[QueuedJob]]]] = {}
         for job in jobs:
-            key = (job.tier, job.org, job.user)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [job]
-            else:
-                group.append(job)
+            try:
+                grouped[job.tier][job.org][job.user].append(job)
+            except KeyError:
+                grouped.setdefault(job.tier, {}).setdefault(job.org, {}).setdefault(
+                    job.user, []
+                ).append(job)
         # GPUs asked for by the queued jobs of each (tier, org): demand for entitlements.
         self.queued_gpus_by_org: dict[tuple[str, str], int] = {}
-        for (tier_name, org_name, _), group in groups.items():
-            if len(group) > 1:
-                group.sort(key=_FIFO_ORDER)
-            key = (tier_name, org_name)
-            self.queued_gpus_by_org[key] = self.queued_gpus_by_org.get(key, 0) + sum(
-                map(_GPU_COUNT, group)
-            )
-
-        for (tier_name, org_name, user_name), group in groups.items():
+        for tier_name, orgs in grouped.items():
             if tier_name not in TIER_RANK:
-                raise ValueError(f"job {group[0].id}: unknown tier {tier_name!r}")
-            tier = self._tiers.get(tier_name)
-            if tier is None:
-                tier = self._tiers[tier_name] = _Tier(tier_name, config.tier_weights[tier_name])
-            org = tier.orgs.get(org_name)
-            if org is None:
+                raise ValueError(f"unknown tier {tier_name!r}")
+            tier = self._tiers[tier_name] = _Tier(tier_name, config.tier_weights[tier_name])
+            for org_name, users in orgs.items():
                 weight = float(org_weights.get(org_name, 1.0))
                 if not weight > 0:
                     raise ValueError(f"org {org_name!r}: fair-share weight must be positive")
                 org = tier.orgs[org_name] = _Org(org_name, weight)
-            user = org.users[user_name] = _User(user_name)
-            user.jobs = group
-            tier.queued += len(group)
-            self._size += len(group)
+                gpus = 0
+                for user_name, group in users.items():
+                    if len(group) > 1:
+                        group.sort(key=_FIFO_ORDER)
+                    gpus += sum(map(_GPU_COUNT, group))
+                    user = org.users[user_name] = _User(user_name)
+                    user.jobs = group
+                    tier.queued += len(group)
+                self.queued_gpus_by_org[(tier_name, org_name)] = gpus
+            self._size += tier.queued
 
         tier_weight_total = sum(t.weight for t in self._tiers.values())
         for tier in self._tiers.values():
@@ -213,12 +233,16 @@ class FairShareQueue:
                     key = (org.name, user.name)
                     user.load = self._load(running.by_user.get(key, 0), usage.by_user, key)
                     user.order_key = self._user_key(user)
-                    org.users_by_key.add(user.order_key)
-                    org.users_by_age.add(user.head_age_key())
-                org.order_key = self._org_key(org)
+                    org.users_by_key.append((*user.order_key, user.name, 0))
+                    org.users_by_age.append((user.head_submitted_at(), user.name, 0))
+                heapq.heapify(org.users_by_key)
+                heapq.heapify(org.users_by_age)
                 org.age_key = (org.users_by_age[0][0], org.name)
-                tier.orgs_by_key.add(org.order_key)
-                tier.orgs_by_age.add(org.age_key)
+                org.order_key = self._org_key(org)
+                tier.orgs_by_key.append((*org.order_key, org.name, 0))
+                tier.orgs_by_age.append((*org.age_key, 0))
+            heapq.heapify(tier.orgs_by_key)
+            heapq.heapify(tier.orgs_by_age)
 
     # -- keys --------------------------------------------------------------------------
 
@@ -230,19 +254,15 @@ class FairShareQueue:
         return share_ratio - rate * (self._now - oldest)
 
     def _user_key(self, user: _User) -> tuple:
-        head = user.jobs[user.head]
-        return (
-            self._aged(user.load / user.fair, head.submitted_at, self._aging),
-            head.submitted_at,
-            user.name,
-        )
+        submitted_at = user.head_submitted_at()
+        return (self._aged(user.load / user.fair, submitted_at, self._aging), submitted_at)
 
     def _org_key(self, org: _Org) -> tuple:
-        oldest = org.users_by_age[0][0]
-        return (self._aged(org.load / org.fair, oldest, self._aging), oldest, org.name)
+        oldest = org.age_key[0]
+        return (self._aged(org.load / org.fair, oldest, self._aging), oldest)
 
     def _tier_key(self, tier: _Tier) -> tuple:
-        oldest = tier.orgs_by_age[0][0]
+        oldest = _live_top(tier.orgs_by_age, tier.orgs).age_key[0]
         below_floor = self._running_by_tier.get(tier.name, 0) < self._floor_gpus[tier.name]
         return (
             0 if below_floor else 1,
@@ -264,10 +284,10 @@ class FairShareQueue:
         entry = self._tiers.get(tier)
         if entry is None or not entry.queued:
             return None
-        return entry.orgs_by_age[0][0]
+        return _live_top(entry.orgs_by_age, entry.orgs).age_key[0]
 
     def heads_by_org_priority(
-        self, tier: str, extra_load: Mapping[str, float]
+        self, tier: str, extra_load: Mapping[str, float], aging_shares_per_hour: float
     ) -> Iterator[QueuedJob]:
         """The first queued job of each user of `tier`, lowest aged org key first:
 
@@ -279,10 +299,11 @@ class FairShareQueue:
         entry = self._tiers.get(tier)
         if entry is None:
             return
+        aging = aging_shares_per_hour / 3600.0
 
         def key(org: _Org, job: QueuedJob) -> float:
             load = org.load + self._blend * extra_load.get(org.name, 0.0)
-            return load / org.fair - self._aging * (self._now - job.submitted_at)
+            return load / org.fair - aging * (self._now - job.submitted_at)
 
         heads = []
         for org in entry.orgs.values():
@@ -312,14 +333,16 @@ class FairShareQueue:
         for tier in self._tiers.values():
             if not tier.queued or (tiers is not None and tier.name not in tiers):
                 continue
-            key = self._tier_key(tier)
+            key = tier.key
+            if key is None:
+                key = tier.key = self._tier_key(tier)
             if best_key is None or key < best_key:
                 best, best_key = tier, key
         if best is None:
             self._pick = self._path = None
             return None
-        org = best.orgs[best.orgs_by_key[0][2]]
-        user = org.users[org.users_by_key[0][2]]
+        org = _live_top(best.orgs_by_key, best.orgs)
+        user = _live_top(org.users_by_key, org.users)
         job = user.jobs[user.head]
         self._path = (best, org, user)
         self._pick = Pick(
@@ -340,10 +363,9 @@ class FairShareQueue:
 
     def _consume(self, path: tuple[_Tier, _Org, _User], placed_gpus: int) -> None:
         tier, org, user = path
-
-        org.users_by_key.remove(user.order_key)
-        org.users_by_age.remove(user.head_age_key())
+        tier.key = None
         user.head += 1
+        user.version += 1
         if placed_gpus:
             charge = self._blend * placed_gpus
             user.load += charge
@@ -352,24 +374,24 @@ class FairShareQueue:
             self._running_by_tier[tier.name] = self._running_by_tier.get(tier.name, 0) + placed_gpus
         if user.head < len(user.jobs):
             user.order_key = self._user_key(user)
-            org.users_by_key.add(user.order_key)
-            org.users_by_age.add(user.head_age_key())
+            heapq.heappush(org.users_by_key, (*user.order_key, user.name, user.version))
+            heapq.heappush(org.users_by_age, (user.head_submitted_at(), user.name, user.version))
         else:
             del org.users[user.name]
             user.jobs = []
 
-        tier.orgs_by_key.remove(org.order_key)
-        tier.orgs_by_age.remove(org.age_key)
+        org.version += 1
         if org.users:
+            oldest = _live_top(org.users_by_age, org.users)
+            org.age_key = (oldest.head_submitted_at(), org.name)
             org.order_key = self._org_key(org)
-            org.age_key = (org.users_by_age[0][0], org.name)
-            tier.orgs_by_key.add(org.order_key)
-            tier.orgs_by_age.add(org.age_key)
+            heapq.heappush(tier.orgs_by_key, (*org.order_key, org.name, org.version))
+            heapq.heappush(tier.orgs_by_age, (*org.age_key, org.version))
         else:
             del tier.orgs[org.name]
         tier.queued -= 1
         self._size -= 1
 
 
-_FIFO_ORDER = attrgetter("submitted_at", "id")
+_FIFO_ORDER = attrgetter("submitted_at")  # the sort is stable: ties keep snapshot order
 _GPU_COUNT = attrgetter("gpu_count")

@@ -23,12 +23,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sortedcontainers import SortedList
-
 from .snapshot import GpuType, Id, Node, NodeState, QueuedJob, RunningAllocation
 
 _NEVER = math.inf
-TIME_FIT_CANDIDATES = 8  # admissible pools compared on end times per placement
+TIME_FIT_CANDIDATES = 4  # admissible pools compared on end times per placement
 BUCKET_VISITS = 64  # pools looked at per (type, free count) before trying the next count
 
 
@@ -138,7 +136,9 @@ class CapacityIndex:
         self.pool_by_node_type: dict[tuple[str, str], Pool] = {}
         self.total_gpus = 0  # GPUs on active nodes: the capacity shares are fractions of
         self.free_gpus = 0
-        self._buckets: dict[str, dict[int, SortedList]] = {}
+        # GPU type -> free count -> ordinals of the pools with that many free GPUs, sorted
+        # (plain lists + bisect: a few thousand ints move faster than a tree rebalances).
+        self._buckets: dict[str, dict[int, list[int]]] = {}
         self._max_size: dict[str, int] = {}
         self._type_order_cache: dict[tuple[tuple[str, ...], float], tuple[str, ...]] = {}
         self._start_heaps: dict[tuple[str, int], list[tuple[float, int]]] = {}
@@ -195,14 +195,14 @@ class CapacityIndex:
             pool.latest_end = max(pool.ends, default=now)
             self._max_size[pool.gpu_type] = max(self._max_size.get(pool.gpu_type, 0), pool.size)
             if pool.free:
-                self._bucket(pool.gpu_type, pool.free).add(pool.ordinal)
+                self._bucket(pool.gpu_type, pool.free).append(pool.ordinal)  # ordinals ascend
                 self.free_gpus += pool.free
 
-    def _bucket(self, gpu_type: str, free: int) -> SortedList:
+    def _bucket(self, gpu_type: str, free: int) -> list[int]:
         buckets = self._buckets.setdefault(gpu_type, {})
         bucket = buckets.get(free)
         if bucket is None:
-            bucket = buckets[free] = SortedList()
+            bucket = buckets[free] = []
         return bucket
 
     # -- what a job may use ------------------------------------------------------------
@@ -274,24 +274,25 @@ class CapacityIndex:
                 bucket = buckets.get(free)
                 if not bucket:
                     continue
-                best, best_key, seen, visited = None, None, 0, 0
-                for ordinal in bucket:
-                    visited += 1
-                    if visited > BUCKET_VISITS:
+                best, best_extension, seen = None, _NEVER, 0
+                pools = self.pools
+                for visited, ordinal in enumerate(bucket):
+                    if visited >= BUCKET_VISITS:
                         break  # many reserved pools here: bounded work, try larger holes
-                    pool = self.pools[ordinal]
+                    pool = pools[ordinal]
                     reservation = pool.reservation
-                    if not (
-                        reservation is None
-                        or reservation.job_id == job_id
-                        or reservation.admits(count, end)
+                    if reservation is not None and not (
+                        reservation.job_id == job_id
+                        or end <= reservation.start
+                        or count <= reservation.surplus
                     ):
                         continue
-                    # How much this job would extend the time until the pool is free.
-                    key = (max(0.0, end - pool.latest_end), ordinal)
-                    if best_key is None or key < best_key:
-                        best, best_key = pool, key
-                        if key[0] == 0.0:
+                    # How much this job would extend the time until the pool is free
+                    # (ties: lowest ordinal, the bucket's order).
+                    extension = end - pool.latest_end
+                    if extension < best_extension:
+                        best, best_extension = pool, extension
+                        if extension <= 0.0:
                             break
                     seen += 1
                     if seen >= TIME_FIT_CANDIDATES:
@@ -304,10 +305,11 @@ class CapacityIndex:
         """Hand `count` free GPUs of `pool` to a job that will hold them until `end`."""
         if count > pool.free:
             raise ValueError(f"pool {pool.node}/{pool.gpu_type} has only {pool.free} free GPUs")
-        self._bucket(pool.gpu_type, pool.free).remove(pool.ordinal)
+        bucket = self._bucket(pool.gpu_type, pool.free)
+        del bucket[bisect.bisect_left(bucket, pool.ordinal)]
         taken = pool.take(count, end)
         if pool.free:
-            self._bucket(pool.gpu_type, pool.free).add(pool.ordinal)
+            bisect.insort(self._bucket(pool.gpu_type, pool.free), pool.ordinal)
         self.free_gpus -= count
         reservation = pool.reservation
         if reservation is not None:

@@ -17,8 +17,9 @@ One call is one dispatch round:
    most preferred allowed type with room, within its tier's ceiling and the
    reservations. One that cannot start preempts if it has waited past its tier's
    threshold, its org holds less than its fair entitlement, and nothing frees up by
-   itself within the victims' grace period (`Preempt`; the victims' GPUs become its
-   claim, handed over in a later round). Otherwise it waits; younger jobs may backfill.
+   itself within the victims' grace period (`Preempt` of lower-tier jobs, or of jobs of
+   same-tier orgs above their entitlement; the victims' GPUs become its claim, handed
+   over in a later round). Otherwise it waits; younger jobs may backfill.
 4. The round stops when the queue is exhausted, when no GPU is free and nobody may
    preempt, or after `scan_budget` jobs in a row without a decision.
 
@@ -75,7 +76,7 @@ class _DispatchRound:
         self.floor_gpus = {t: self.config.tier_floors[t] * self.capacity for t in TIERS}
         self.decisions: list[Decision] = []
         self.pending_claims_by_org: dict[str, int] = {}  # GPUs being freed for each org
-        self.preemptions_left = self.config.max_preemptions_per_tick
+        self.preemptions_left = dict.fromkeys(TIERS, self.config.max_preemptions_per_tick)
         self.drain_budget = math.ceil(self.config.reserved_node_share * self.index.node_count)
         self.drains_by_tier: dict[str, int] = {}
         self._drain_quota: dict[str, int] | None = None
@@ -86,6 +87,7 @@ class _DispatchRound:
         self.queue: FairShareQueue | None = None
         self._org_entitlement: dict[str, float] | None = None
         self._tier_share: dict[str, float] = {}
+        self._weighted_share: dict[str, float] = {}  # org -> weight share of its tier's
 
     # -- the round ---------------------------------------------------------------------
 
@@ -144,13 +146,13 @@ class _DispatchRound:
                 if (pool := self.index.pool_by_node_type.get((job.claimed_node, gpu_type)))
                 and pool.size >= job.gpu_count
             ]
-            if not pools or not self._within_ceiling(job):
+            if not pools:
                 continue
             being_freed = next((pool for pool in pools if pool.preemption_locked), None)
             if being_freed is None:
                 draining.append((job, pools))
             elif being_freed.reservation is None:
-                if being_freed.free >= job.gpu_count:
+                if being_freed.free >= job.gpu_count and self._within_ceiling(job):
                     self._place(job, being_freed, "the GPUs preempted for it are free")
                 else:
                     start = self.now + self.config.preemption_grace_s
@@ -164,7 +166,7 @@ class _DispatchRound:
             count = job.gpu_count
             pools = [p for p in pools if p.reservation is None]
             room = next((pool for pool in pools if pool.free >= count), None)
-            if room is not None:
+            if room is not None and self._within_ceiling(job):
                 self._place(job, room, "the node drained for it is free")
                 sitting_out.add(job.id)
             elif pools:
@@ -177,7 +179,7 @@ class _DispatchRound:
             # Enough GPUs free elsewhere (other nodes' reservations respected): start there
             # and release the node it was draining.
             types = self.index.allowed_types(job)
-            if not self.index.has_room(types, job.gpu_count):
+            if not self._within_ceiling(job) or not self.index.has_room(types, job.gpu_count):
                 continue
             end = self.now + job.max_runtime_s
             room = self.index.best_fit(types, job.gpu_count, end, job.id)
@@ -192,8 +194,10 @@ class _DispatchRound:
         """Give blocked multi-GPU jobs a node to drain for them.
 
         Tiers share the reservation budget by fair entitlement. Within a tier, the first
-        jobs of users go by their org's aged fair-share key, counting the GPUs of the
-        reservations granted so far as if running: weights decide who gets reservations,
+        jobs of users go by their org's fair-share key, counting the GPUs of the
+        reservations granted so far as if running, and aged by the job's own wait
+        (`reservation_aging_shares_per_hour`, faster than the fair-share order's: big
+        jobs cannot start without a reservation): weights decide who gets reservations,
         and a job that has waited long enough comes first whatever its org. With the
         claim persisted by the dispatcher the reservation is kept until the job starts."""
         if self.drain_budget <= 0:
@@ -201,7 +205,9 @@ class _DispatchRound:
         for tier in sorted(self.queue.tiers_with_jobs(), key=lambda t: -TIER_RANK[t]):
             examined = 0
             granted: dict[str, float] = {}
-            for job in self.queue.heads_by_org_priority(tier, granted):
+            for job in self.queue.heads_by_org_priority(
+                tier, granted, self.config.reservation_aging_shares_per_hour
+            ):
                 if not self._may_drain_for(tier):
                     break
                 examined += 1
@@ -251,15 +257,15 @@ class _DispatchRound:
         types = self.index.allowed_types(job)
         if count < 1 or not types or not self.index.could_ever_fit(types, count):
             return 0, False  # no active node could ever hold it
-        if not self._within_ceiling(job):
-            return 0, False
+        within_ceiling = self._within_ceiling(job)
         end = self.now + job.max_runtime_s
-        if self.index.free_gpus >= count and self.index.has_room(types, count):
+        if within_ceiling and self.index.free_gpus >= count and self.index.has_room(types, count):
             pool = self.index.best_fit(types, count, end, job.id)
             if pool is not None:
                 self._place(job, pool, pick.describe())
                 return count, True
-        if self._try_preempt(job, types):
+        # At its tier's ceiling a job may only take back GPUs from its own tier.
+        if self._try_preempt(job, types, lower_tiers=within_ceiling):
             return 0, True
         return 0, False
 
@@ -334,31 +340,34 @@ class _DispatchRound:
         return threshold is not None and self.now - submitted_at >= threshold
 
     def _anyone_may_preempt(self, queued) -> bool:
-        if self.preemptions_left <= 0:
-            return False
         return any(
-            job.claimed_node is None and self._waited_past_threshold(job.tier, job.submitted_at)
+            job.claimed_node is None
+            and self.preemptions_left.get(job.tier, 0) > 0
+            and self._waited_past_threshold(job.tier, job.submitted_at)
             for job in queued
         )
 
     def _tiers_that_may_preempt(self) -> list[str]:
-        if self.preemptions_left <= 0:
-            return []
         tiers = []
         for tier in self.queue.tiers_with_jobs():
             oldest = self.queue.oldest_submitted(tier)
-            if oldest is not None and self._waited_past_threshold(tier, oldest):
+            if (
+                self.preemptions_left.get(tier, 0) > 0
+                and oldest is not None
+                and self._waited_past_threshold(tier, oldest)
+            ):
                 tiers.append(tier)
         return tiers
 
-    def _try_preempt(self, job: QueuedJob, types: tuple[str, ...]) -> bool:
+    def _try_preempt(self, job: QueuedJob, types: tuple[str, ...], lower_tiers: bool) -> bool:
         """Preempt for a job that has waited past its tier's threshold, if it may and
-        must; True when a `Preempt` decision was made."""
-        if self.preemptions_left <= 0 or not self._waited_past_threshold(
+        must (victims of lower tiers only if `lower_tiers`); True when a `Preempt`
+        decision was made."""
+        if self.preemptions_left.get(job.tier, 0) <= 0 or not self._waited_past_threshold(
             job.tier, job.submitted_at
         ):
             return False
-        victims_key = (types, job.gpu_count, job.tier)
+        victims_key = (types, job.gpu_count, job.tier, lower_tiers)
         if victims_key in self.no_victims or (types, job.gpu_count) in self.fits_soon:
             return False
         held = self.running.by_org.get(job.org, 0) + self.pending_claims_by_org.get(job.org, 0)
@@ -374,7 +383,13 @@ class _DispatchRound:
             self.fits_soon.add((types, job.gpu_count))
             return False  # GPUs free up by themselves as soon as victims could leave
         choice = self.victims.find(
-            types, job.gpu_count, job_rank, self._tiers_may_lose, job_id=job.id
+            types,
+            job.gpu_count,
+            job_rank,
+            self._tiers_may_lose,
+            job_id=job.id,
+            lower_tiers=lower_tiers,
+            same_tier_victim=lambda victim: self._may_take_from_same_tier(job, victim),
         )
         if choice is None:
             self.no_victims.add(victims_key)
@@ -400,7 +415,7 @@ class _DispatchRound:
         start = self.now + self.config.preemption_grace_s
         self.reservations[job.id] = self.index.reserve(pool, job, start, claim=True)
         self._add_pending_claim(job.org, job.gpu_count)
-        self.preemptions_left -= 1
+        self.preemptions_left[job.tier] -= 1
         waited = self.now - job.submitted_at
         victims = ", ".join(
             f"job {v.job_id} ({v.tier}, {v.gpu_count} GPU{'s' if v.gpu_count > 1 else ''})"
@@ -461,4 +476,23 @@ class _DispatchRound:
             if orgs:
                 org_weights = {org: weights.get(org, 1.0) for org in orgs}
                 entitlement.update(water_fill(tier_share[tier], orgs, org_weights))
+                total_weight = sum(org_weights.values())
+                for org, weight in org_weights.items():
+                    self._weighted_share[org] = tier_share[tier] * weight / total_weight
         return entitlement
+
+    def _may_take_from_same_tier(self, job: QueuedJob, victim) -> bool:
+        """Whether `job` may preempt `victim`, of its own tier: only to take back from an
+        org holding more than `same_tier_preemption_factor` times its weighted share of
+        the tier, for an org holding less than its own (a flooding customer yields to the
+        others of its tier; orgs near their shares never preempt each other)."""
+        if victim.org == job.org:
+            return False
+        self._entitlement(job.org)  # computes the weighted shares as well
+        held = self.running.by_org
+        factor = self.config.same_tier_preemption_factor
+        return held.get(victim.org, 0) > factor * self._weighted_share.get(
+            victim.org, 0.0
+        ) and held.get(job.org, 0) + self.pending_claims_by_org.get(
+            job.org, 0
+        ) < self._weighted_share.get(job.org, 0.0)

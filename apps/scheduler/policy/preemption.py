@@ -11,9 +11,13 @@ A waiting job may preempt only when all of these hold (checked by the policy):
 
 Victims (this module) are chosen on one node, in one pool of an allowed GPU type:
 
-- only allocations that are preemptible, not already stopping, of a strictly lower tier,
-  preempted fewer than `max_preemptions_per_job` times, and running for at least
+- only allocations that are preemptible, not already stopping, preempted fewer than
+  `max_preemptions_per_job` times, and running for at least
   `min_runtime_before_preemption_s` since they started or resumed;
+- of a strictly lower tier, or of the job's own tier but from another org holding more
+  than `same_tier_preemption_factor` times its weighted share of the tier while the
+  job's org holds less than its own (one customer flooding the queue cannot crowd out
+  the others of its tier; orgs near their shares never preempt one another);
 - never on a node whose GPUs are already being freed by a preemption;
 - never taking a victim's tier below its guaranteed floor;
 - the best set minimises, in this order: the number of victims, the highest victim tier,
@@ -52,7 +56,8 @@ def work_lost_gpu_seconds(allocation: RunningAllocation, now: float) -> float:
 def is_victim_candidate(
     allocation: RunningAllocation, job_rank: int, now: float, config: PolicyConfig
 ) -> bool:
-    """Per-allocation eligibility (the node-level and floor checks come on top)."""
+    """Per-allocation eligibility against a job of a higher tier `job_rank` (same-tier
+    victims, node-level and floor checks come on top)."""
     return (
         allocation.preemptible
         and not allocation.stopping
@@ -110,12 +115,28 @@ class VictimFinder:
         job_rank: int,
         may_lose: Callable[[Mapping[str, int]], bool],
         job_id=None,
+        same_tier_victim: Callable[[RunningAllocation], bool] | None = None,
+        lower_tiers: bool = True,
     ) -> VictimChoice | None:
         """The best victim set freeing `count` GPUs in one pool of `types`.
 
-        Pools reserved for another job are left alone. `may_lose(gpus_by_tier)` says
-        whether the tiers can give up those GPUs (floors)."""
-        best: VictimChoice | None = None
+        Victims are of a lower tier than `job_rank` (if `lower_tiers`), or of the same
+        tier where `same_tier_victim(allocation)` allows it. Pools reserved for another job are left
+        alone. `may_lose(gpus_by_tier)` says whether the tiers can give up those GPUs."""
+
+        def usable(candidate) -> bool:
+            rank = candidate[1]
+            return (
+                (lower_tiers and rank < job_rank)
+                or (
+                    rank == job_rank
+                    and same_tier_victim is not None
+                    and same_tier_victim(candidate[0])
+                )
+            ) and candidate[0].id not in self.taken
+
+        # Pools that could free enough, with how many GPUs each still needs.
+        pools = []
         for type_rank, gpu_type in enumerate(types):
             for pool in self._index.pools_by_type.get(gpu_type, ()):
                 if pool.size < count or pool.preemption_locked:
@@ -126,14 +147,38 @@ class VictimFinder:
                 if need <= 0:
                     continue
                 candidates, below = self._pool_info(pool)
-                if below[job_rank] < need:
-                    continue
-                usable = [c for c in candidates if c[1] < job_rank and c[0].id not in self.taken]
-                choice = self._best_in_pool(pool, usable, need, type_rank, may_lose, best)
-                if choice is not None:
-                    best = choice
-                    if best.sort_key[:4] == (1, 0, 0, 0.0):
-                        return best  # one free-tier victim losing nothing: cannot do better
+                if below[job_rank + 1 if same_tier_victim else job_rank] >= need:
+                    pools.append((pool, need, type_rank, candidates))
+
+        # Fast path: a single victim is always the fewest; take the best single one
+        # (lowest tier, least work lost, least excess) without enumerating subsets.
+        singles = []
+        for pool, need, type_rank, candidates in pools:
+            for candidate in candidates:  # largest first: stop at the first too small
+                allocation, rank, gpus, lost = candidate
+                if gpus < need:
+                    break
+                if usable(candidate):
+                    key = (1, rank, rank, lost, gpus - need, type_rank, pool.ordinal)
+                    singles.append((key, pool, candidate))
+        singles.sort(key=_first)
+        for key, pool, (allocation, _, gpus, lost) in singles:
+            if may_lose({allocation.tier: gpus}):
+                return VictimChoice(
+                    pool=pool,
+                    victims=(allocation,),
+                    lost_gpu_seconds=lost,
+                    freed_gpus=gpus,
+                    sort_key=key,
+                )
+
+        best: VictimChoice | None = None
+        for pool, need, type_rank, candidates in pools:
+            choice = self._best_in_pool(
+                pool, [c for c in candidates if usable(c)], need, type_rank, may_lose, best
+            )
+            if choice is not None:
+                best = choice
         return best
 
     def _best_in_pool(
@@ -179,6 +224,10 @@ class VictimFinder:
             if best is not None:
                 return best
         return None
+
+
+def _first(item: tuple):
+    return item[0]
 
 
 def _largest_then_least_lost(candidate: tuple) -> tuple:

@@ -24,7 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m apps.scheduler.simulate",
         description="Discrete-event simulation of Gantry's GPU scheduling policy.",
     )
-    parser.add_argument("--scenario", choices=SCENARIOS, default="steady")
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="steady",
+        help="steady 2x overload; flood: + one customer's 10,000 jobs; spike: 10x arrivals "
+        "for 5 min; trace: replay --trace",
+    )
     parser.add_argument(
         "--policy", choices=[*POLICIES, "all"], default="all", help="policy to run (all: each)"
     )
@@ -38,10 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-quota",
         type=_quota,
         default=None,
-        help="queued jobs per user and tier, e.g. free=2,paid=8,enterprise=none "
-        "(default that; the trace replay admits everything)",
+        help="queued jobs per user and tier, over which submissions are refused "
+        "(default free=1,paid=8,enterprise=none; the trace replay admits everything)",
     )
-    parser.add_argument("--fleet-file", help="a GANTRY_FLEET_FILE JSON instead of --gpus")
+    parser.add_argument(
+        "--fleet-file",
+        help="a GANTRY_FLEET_FILE JSON instead of --gpus (with --trace, default: the "
+        "trace's <name>-fleet.json beside it, if any)",
+    )
     parser.add_argument("--trace", help="trace CSV for --scenario trace")
     parser.add_argument("--trace-speedup", type=float, default=None, help="default: fit span")
     parser.add_argument("--trace-max-work", type=float, default=3600.0, help="cap run times (s)")

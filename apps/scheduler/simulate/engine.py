@@ -465,8 +465,9 @@ class Simulation:
                 raise SimulationError(f"{decision}: {allocation_id} may not be preempted")
             if record.node != decision.node:
                 raise SimulationError(f"{decision}: victims span nodes")
-            if TIER_RANK[record.tier] >= TIER_RANK[claimant.spec.tier]:
-                raise SimulationError(f"{decision}: victim is not of a lower tier")
+            rank, claimant_rank = TIER_RANK[record.tier], TIER_RANK[claimant.spec.tier]
+            if rank > claimant_rank or (rank == claimant_rank and record.org == claimant.spec.org):
+                raise SimulationError(f"{decision}: victim of a higher tier or the same org")
             if record.preemptions >= self.config.max_preemptions_per_job:
                 raise SimulationError(f"{decision}: victim is past its preemption cap")
             if now - record.started_at < self.config.min_runtime_before_preemption_s:

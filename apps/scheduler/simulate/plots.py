@@ -56,11 +56,11 @@ def _waits(result: SimResult, tier: str, org_filter=None) -> np.ndarray:
     return np.sort(np.asarray(values, dtype=float))
 
 
-def _cdf(ax, waits: np.ndarray, label: str) -> None:
+def _cdf(ax, waits: np.ndarray, label: str, **style) -> None:
     if not len(waits):
         return
     fractions = np.arange(1, len(waits) + 1) / len(waits)
-    ax.step(np.maximum(waits, 0.5), fractions, where="post", label=label)
+    ax.step(np.maximum(waits, 0.5), fractions, where="post", label=label, **style)
 
 
 def plot_wait_cdf(results: list[SimResult], path: Path) -> Path:
@@ -90,9 +90,16 @@ def plot_flood_waits(
         return record.org != flood_org and record.submit_at >= flood_at
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for base, flooded in pairs:
-        _cdf(ax, _waits(base, "enterprise", others), f"{base.policy}, no flood")
-        _cdf(ax, _waits(flooded, "enterprise", others), f"{flooded.policy}, flood")
+    for number, (base, flooded) in enumerate(pairs):
+        color = f"C{number}"
+        _cdf(ax, _waits(base, "enterprise", others), f"{base.policy}, no flood", color=color)
+        _cdf(
+            ax,
+            _waits(flooded, "enterprise", others),
+            f"{flooded.policy}, flood",
+            color=color,
+            linestyle="--",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("wait (s, log)")
     ax.set_ylabel("fraction of jobs")

@@ -124,6 +124,9 @@ def run_scenario(
     config: PolicyConfig | None = None,
     out_dir: str | Path | None = None,
 ) -> ScenarioReport:
+    if scenario == "trace" and not fleet_file and trace_path:
+        beside = Path(trace_path).with_name(f"{Path(trace_path).stem}-fleet.json")
+        fleet_file = beside if beside.exists() else None
     fleet = build_fleet(gpus, fleet_file)
     load = build_workload(
         scenario,
