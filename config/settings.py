@@ -68,6 +68,11 @@ TEMPLATES = [
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/gantry")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("GANTRY_DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Django turns psycopg's prepared statements off (prepare_threshold None); the ledger's
+# hot statements (server-side bound, apps.ledger.services._store.execute) are prepared
+# once per connection, which saves re-planning their CTEs on every call. The ORM's
+# client-side-bound queries are never prepared either way.
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
