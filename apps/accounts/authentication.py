@@ -42,36 +42,37 @@ class Principal:
         return self.api_key.user_id
 
 
-class KeyCache:
-    """A short per-process memory of looked-up keys: submission is the hot path, and the
-    key lookup was a sizeable share of it. A revocation reaches other processes within
-    GANTRY_API_KEY_CACHE_S; in the revoking process at once."""
+class ProcessMemo:
+    """A short per-process memory of looked-up rows (API keys, projects): submission is
+    the hot path, and these lookups were a sizeable share of it. A change reaches other
+    processes within GANTRY_API_KEY_CACHE_S; in the changing process at once (forget)."""
 
     def __init__(self):
-        self._entries: dict[str, tuple[float, APIKey]] = {}
+        self._entries: dict = {}
         self._lock = threading.Lock()
 
-    def get(self, digest: str) -> APIKey | None:
-        entry = self._entries.get(digest)
+    def get(self, key):
+        entry = self._entries.get(key)
         if entry is None or entry[0] < time.monotonic():
             return None
         return entry[1]
 
-    def put(self, digest: str, api_key: APIKey) -> None:
+    def put(self, key, value) -> None:
         ttl = settings.GANTRY_API_KEY_CACHE_S
         if ttl <= 0:
             return
         with self._lock:
             if len(self._entries) > 10_000:
                 self._entries.clear()
-            self._entries[digest] = (time.monotonic() + ttl, api_key)
+            self._entries[key] = (time.monotonic() + ttl, value)
 
-    def forget(self, digest: str) -> None:
+    def forget(self, key) -> None:
         with self._lock:
-            self._entries.pop(digest, None)
+            self._entries.pop(key, None)
 
 
-key_cache = KeyCache()
+key_cache = ProcessMemo()  # API keys by digest
+project_memo = ProcessMemo()  # project rows by (org id, id or name)
 
 
 class APIKeyAuthentication(authentication.BaseAuthentication):

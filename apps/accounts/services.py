@@ -35,9 +35,16 @@ def create_org(*, name: str, tier: str, weight: float = 1.0, **options) -> Org:
 
 
 def update_org(org: Org, **changes) -> Org:
+    """Change an org's fields; renaming it to another org's name is a 409."""
     for field, value in changes.items():
         setattr(org, field, value)
-    org.save(update_fields=list(changes))
+    try:
+        with transaction.atomic():
+            org.save(update_fields=list(changes))
+    except IntegrityError as exc:
+        if "name" in changes and Org.objects.filter(name=org.name).exclude(pk=org.pk).exists():
+            raise Conflict(f"An org named {org.name!r} already exists.", field="name") from exc
+        raise
     return org
 
 
@@ -89,7 +96,7 @@ def issue_api_key(
 
 
 def revoke_api_key(api_key: APIKey) -> APIKey:
-    """Revoke once (revoking again keeps the first time); see KeyCache for the delay."""
+    """Revoke once (revoking again keeps the first time); see ProcessMemo for the delay."""
     from apps.accounts.authentication import key_cache
 
     APIKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from django.conf import settings
@@ -16,6 +17,7 @@ DEBOUNCE_KEY = "gantry:dispatch:wakeup"
 DEBOUNCE_MS = 200
 
 _redis: redis.Redis | None = None
+_last_sent = -DEBOUNCE_MS  # time.monotonic() in ms of this process's last wake-up
 
 
 def _client() -> redis.Redis:
@@ -32,8 +34,13 @@ def wake_dispatcher() -> None:
     """
 
     def publish():
+        global _last_sent
         from config.celery import app
 
+        now = time.monotonic() * 1000
+        if now - _last_sent < DEBOUNCE_MS:
+            return  # this process asked within the window: no Redis round trip either
+        _last_sent = now
         try:
             if _client().set(DEBOUNCE_KEY, 1, nx=True, px=DEBOUNCE_MS):
                 app.send_task(DISPATCH_TASK, queue="control", expires=5)

@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from apps.accounts.models import Org, Project, User
 from apps.api.errors import Conflict, GantryError
+from apps.api.sql import execute
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.selectors import GpuTypeInfo
@@ -212,15 +213,21 @@ LIMIT 1
 
 
 def _find_project(org: Org, ref: str) -> Project | None:
-    """The org's project with this id (preferred) or name, in one plain query (hot path)."""
-    project_id = None
-    with contextlib.suppress(ValueError):
-        project_id = uuid.UUID(ref)
-    with connection.cursor() as cursor:
-        cursor.execute(_PROJECT_SQL, {"org": org.id, "id": project_id, "name": ref})
-        row = cursor.fetchone()
+    """The org's project with this id (preferred) or name, in one plain query (hot path);
+    its row is remembered a few seconds by this process (the API never deletes one)."""
+    from apps.accounts.authentication import project_memo
+
+    row = project_memo.get((org.id, ref))
     if row is None:
-        return None
+        project_id = None
+        with contextlib.suppress(ValueError):
+            project_id = uuid.UUID(ref)
+        with connection.cursor() as cursor:
+            cursor.execute(_PROJECT_SQL, {"org": org.id, "id": project_id, "name": ref})
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        project_memo.put((org.id, ref), row)
     project = Project.from_db("default", ["id", "org_id", "name", "created_at"], row)
     project.org = org
     return project
@@ -243,7 +250,7 @@ class _AdmissionSnapshot:
 
 # The submission hot path reads what admission needs in one round trip (after the
 # idempotency lock, so a job committed by the lock's previous holder is visible).
-_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0));"
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))"
 _SNAPSHOT_SQL = """
 SELECT
     (SELECT id FROM jobs_job WHERE org_id = %(org)s AND idempotency_key = %(key)s),
@@ -254,22 +261,19 @@ SELECT
 
 def _lock_and_read(org_id, key: str, fingerprint: str) -> _AdmissionSnapshot:
     """Take the (org, Idempotency-Key) lock for this transaction, then read the snapshot."""
-    # Two statements, one round trip (Django's default client-side parameter binding
-    # allows it): in READ COMMITTED each statement takes its own snapshot, so the read
-    # runs after the lock is granted and sees what the lock's previous holder committed.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _LOCK_SQL + _SNAPSHOT_SQL,
-            {
-                "lock": f"job-submit|{org_id}|{key}",
-                "org": org_id,
-                "key": key,
-                "fp": fingerprint,
-                "queued": JobStatus.QUEUED.value,
-            },
+    # Two prepared statements, one round trip (a pipeline): in READ COMMITTED each
+    # statement takes its own snapshot, so the read runs after the lock is granted and
+    # sees what the lock's previous holder committed.
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    with db.connection.pipeline():
+        execute(db.connection, _LOCK_SQL, {"lock": f"job-submit|{org_id}|{key}"})
+        cursor = execute(
+            db.connection,
+            _SNAPSHOT_SQL,
+            {"org": org_id, "key": key, "fp": fingerprint, "queued": JobStatus.QUEUED.value},
         )
-        cursor.nextset()
-        existing, quarantined, queued = cursor.fetchone()
+    existing, quarantined, queued = cursor.fetchone()
     return _AdmissionSnapshot(existing, quarantined, queued)
 
 
@@ -394,6 +398,8 @@ def insert_rows(*instances) -> None:
     returned. Foreign keys among the rows are checked at commit (Django creates them
     DEFERRABLE INITIALLY DEFERRED), so the order of the inserts does not matter.
     """
+    db = connections[DEFAULT_DB_ALIAS]  # the real wrapper: the proxy costs per access
+    quote = db.ops.quote_name
     statements, params = [], []
     for instance in instances:
         columns, values = [], []
@@ -403,28 +409,29 @@ def insert_rows(*instances) -> None:
                 value is None and model_field.primary_key and model_field.db_returning
             ):
                 continue  # the database fills it in
-            columns.append(connection.ops.quote_name(model_field.column))
+            columns.append(quote(model_field.column))
             if isinstance(value, Now):
                 values.append("STATEMENT_TIMESTAMP()")
             elif hasattr(value, "resolve_expression"):
                 raise TypeError(f"{model_field.name}: unsupported expression {value!r}")
             else:
                 values.append("%s")
-                params.append(model_field.get_db_prep_save(value, connection))
-        table = connection.ops.quote_name(instance._meta.db_table)
+                params.append(model_field.get_db_prep_save(value, db))
+        table = quote(instance._meta.db_table)
         # Identifiers from model metadata (quoted); every value is a bound parameter.
         statements.append(
             f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(values)})"  # noqa: S608
         )
-    # Data-modifying CTEs: all rows in one statement of the current transaction.
+    # Data-modifying CTEs: all rows in one statement of the current transaction, bound
+    # server-side and prepared (the text only varies with which columns are defaulted).
     *first, last = statements
     ctes = ", ".join(f"w{i} AS ({stmt})" for i, stmt in enumerate(first))
     sql = f"WITH {ctes} {last}" if ctes else last
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    db.ensure_connection()
+    execute(db.connection, sql, params)
     for instance in instances:
         instance._state.adding = False
-        instance._state.db = connection.alias
+        instance._state.db = db.alias
 
 
 def _create_deduplicated(common: dict, *, source: Job, actor: str) -> Job:

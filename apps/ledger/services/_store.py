@@ -27,8 +27,6 @@ on a busy machine every round trip is a wake-up that waits for a CPU:
 
 from __future__ import annotations
 
-import functools
-import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -41,6 +39,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from psycopg.pq import TransactionStatus
 
 from apps.api.errors import BudgetExceeded, GantryError
+from apps.api.sql import execute
 from apps.ledger.metrics import count_moved
 from apps.ledger.models import Account
 
@@ -90,120 +89,72 @@ def check_scope(*, org, project=None, user=None) -> None:
         raise GantryError("The user belongs to another org.", code="invalid", field="user")
 
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%[sb]|%%")
-
-
-@functools.lru_cache(maxsize=256)
-def _native(sql: str) -> tuple[str, tuple[str, ...]]:
-    """Turn %(name)s / %(name)b (or positional %s / %b) placeholders into PostgreSQL's
-    $n, once per statement text: psycopg would re-parse statements longer than 4 kB on
-    every call. Whitespace is collapsed too, so this SQL has no comments and no
-    multi-line literals. Returns (SQL, parameter names in $n order; () if positional)."""
-    names: list[str] = []
-    positional = iter(range(1, 10_000))
-
-    def number(match: re.Match) -> str:
-        if match.group(0) == "%%":
-            return "%"
-        if match.group(1) is None:
-            return f"${next(positional)}"
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    return " ".join(_PLACEHOLDER.sub(number, sql).split()), tuple(names)
-
-
-def execute(pg: psycopg.Connection, sql: str, params) -> psycopg.RawCursor:
-    """Run a statement on Django's connection (in its current transaction) with
-    server-side binding, prepared on first use (settings: prepare_threshold), so the
-    hot statements are parsed and planned once per connection (planning their CTEs cost
-    half of the database's CPU per call). Parameters are named (a dict) or
-    positional (a list); a list goes as a PostgreSQL array literal (cast it in the SQL),
-    results come back binary. `pg` is Django's psycopg connection."""
-    cursor = psycopg.RawCursor(pg)
-    native, names = _native(sql)
-    values = [params[n] for n in names] if names else params
-    cursor.execute(
-        native,
-        [array_literal(v) if isinstance(v, list) else v for v in values],
-        binary=True,
-        prepare=True,
-    )
-    return cursor
-
-
-def array_literal(values: list) -> str:
-    """A list as PostgreSQL array text ('{...}'). Building it costs a fraction of
-    psycopg's per-element array adaptation, which dominated the write path's CPU."""
-    return "{" + ",".join(map(_array_element, values)) + "}"
-
-
-def _array_element(value) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, bool):
-        return "t" if value else "f"
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)  # int, UUID
-
-
 class LedgerTransaction:
     """The transaction of one service call (see the module docstring).
 
-    `query()` runs a read (the first one goes with BEGIN), `write()` the final write
-    (with COMMIT). When the caller already has a transaction, this is a savepoint of it
-    and nothing is committed here. `after_commit()` runs a callback once committed.
+    `query()` runs a read, `write()` the final write. Alone, the call's first statement
+    goes with BEGIN and its write with COMMIT. Inside the caller's transaction, the call
+    is a savepoint of it, opened with its first statement and released with its write
+    (the same round trips), and rolled back to on an error, leaving the caller's
+    transaction usable; nothing is committed here. `after_commit()` runs a callback once
+    the whole transaction has committed.
     """
+
+    # One name serves: a nested call shadows it (PostgreSQL uses the newest of a name).
+    SAVEPOINT = "gantry_ledger"
 
     def __init__(self) -> None:
         self.db = connections[DEFAULT_DB_ALIAS]  # looked up once: the proxy is not free
         self.pg: psycopg.Connection | None = None
-        self.owned = False
-        self._atomic = None
+        self.owned = False  # BEGIN and COMMIT are ours
+        self.nested = False  # a savepoint of the caller's atomic block
+        self._atomic = None  # manual transaction management: Django's savepoint
         self._begun = False
-        self._committed = False
+        self._finished = False  # committed (owned) or released (nested)
         self._hooks: list[Callable[[], None]] = []
 
     def __enter__(self) -> LedgerTransaction:
         self.db.ensure_connection()
         self.pg = self.db.connection
-        if self.db.in_atomic_block or not self.db.get_autocommit():
+        if self.db.in_atomic_block:
+            self.nested = True
+        elif not self.db.get_autocommit():
             self._atomic = transaction.atomic(using=self.db.alias)
             self._atomic.__enter__()
+            self._begun = True
         else:
-            self.owned = True  # psycopg is in autocommit: BEGIN and COMMIT are ours
+            self.owned = True
         return self
 
+    def _open(self) -> None:
+        """Queue what starts this call (inside a pipeline, before its first statement)."""
+        if self._begun:
+            return
+        self._begun = True
+        self.pg.execute("BEGIN" if self.owned else f"SAVEPOINT {self.SAVEPOINT}")
+
     def query(self, sql: str, params) -> list[tuple]:
-        if self.owned and not self._begun:
-            self._begun = True
-            with self.pg.pipeline():
-                self.pg.execute("BEGIN")
-                cursor = execute(self.pg, sql, params)
-        else:
+        if self._begun:
+            return execute(self.pg, sql, params).fetchall()
+        with self.pg.pipeline():
+            self._open()
             cursor = execute(self.pg, sql, params)
         return cursor.fetchall()
 
     def write(self, sql: str, params, *, first: tuple = ()) -> tuple:
-        """The call's last statement, after the `first` (sql, params) statements; owned,
-        they all go in one round trip with BEGIN and COMMIT."""
-        if not self.owned:
-            for statement, values in first:
-                execute(self.pg, statement, values)
-            return execute(self.pg, sql, params).fetchone()
+        """The call's last statement, after the `first` (sql, params) statements: one
+        round trip, with the BEGIN/SAVEPOINT if nothing was sent yet and the
+        COMMIT/RELEASE."""
         with self.pg.pipeline():
-            if not self._begun:
-                self._begun = True
-                self.pg.execute("BEGIN")
+            self._open()
             for statement, values in first:
                 execute(self.pg, statement, values)
             cursor = execute(self.pg, sql, params)
-            self.pg.execute("COMMIT")
-        self._committed = True
+            if self.owned:
+                self.pg.execute("COMMIT")
+            elif self.nested:
+                self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")
+        self._finished = True
         return cursor.fetchone()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -213,14 +164,21 @@ class LedgerTransaction:
             transaction.on_commit(callback)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if not self.owned:
+        if self._atomic is not None:
             return bool(self._atomic.__exit__(exc_type, exc, tb))
         if self.pg.closed:
             self.db.close()  # Django's wrapper did not see it break: reconnect next time
-        elif not self._committed and self.pg.info.transaction_status != TransactionStatus.IDLE:
+            return False
+        if self.nested:
+            if self._begun and not self._finished:
+                if exc_type is not None:  # undo this call only
+                    self.pg.execute(f"ROLLBACK TO SAVEPOINT {self.SAVEPOINT}")
+                self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")
+            return False
+        if not self._finished and self.pg.info.transaction_status != TransactionStatus.IDLE:
             # An error, or a call that only read (a replay): nothing to keep.
             self.pg.execute("ROLLBACK")
-        if exc_type is None and self._committed:
+        if exc_type is None and self._finished:
             for hook in self._hooks:
                 hook()
         return False
