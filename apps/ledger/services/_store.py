@@ -334,7 +334,7 @@ class Changes:
                 """lb AS (SELECT id, (expired_at IS NOT NULL
                                      OR (expires_at IS NOT NULL AND expires_at <= %(at)s)) AS gone
                             FROM ledger_bucket WHERE id = ANY(%(lb_id)s::uuid[])
-                           ORDER BY id FOR UPDATE)"""
+                           ORDER BY id FOR NO KEY UPDATE)"""
             )
         elif self.expired_if_gone:
             raise ValueError("a move that depends on expiry needs its bucket in lock_buckets")

@@ -49,7 +49,7 @@ SELECT id, org_id, project_id, user_id, held, consumed, "limit", mode
    AND (project_id IS NULL OR project_id = %(g_project)s)
    AND (user_id IS NULL OR user_id = %(g_user)s)
  ORDER BY (project_id IS NOT NULL)::int + 2 * (user_id IS NOT NULL)::int, id
-   FOR UPDATE
+   FOR NO KEY UPDATE
 """
 
 _MONTH = "date_trunc('month', {now}, 'UTC')"

@@ -93,7 +93,7 @@ SELECT b.id, b.kind, b.expires_at, b.created_at,
    AND (b.expires_at IS NULL OR b.expires_at > statement_timestamp())
    AND b.granted - b.consumed - b.held - b.expired > 0
  ORDER BY b.id
-   FOR UPDATE OF b
+   FOR NO KEY UPDATE OF b
 """
 
 
@@ -113,7 +113,7 @@ WITH src AS (
        AND (b.expires_at IS NULL OR b.expires_at > statement_timestamp())
        AND b.granted - b.consumed - b.held - b.expired > 0
      ORDER BY b.id
-       FOR UPDATE OF b
+       FOR NO KEY UPDATE OF b
 ), burn AS (
     SELECT id, available,
            sum(available) OVER (ORDER BY expires_at NULLS LAST, kind_rank, created_at, id)

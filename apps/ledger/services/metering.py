@@ -126,7 +126,7 @@ def lock_holds(
     lock = f", {budget_lock_sql('h.org_id::text')}" if budget_lock else ""
     rows = tx.query(
         f"SELECT {columns}, statement_timestamp(){lock} FROM ledger_hold h {join}"
-        "WHERE h.id = ANY(%s::uuid[]) ORDER BY h.id FOR UPDATE OF h",
+        "WHERE h.id = ANY(%s::uuid[]) ORDER BY h.id FOR NO KEY UPDATE OF h",
         [attempt_key, ids] if join else [ids],
     )
     holds = {row[0]: LockedHold(*row[:16]) for row in rows}
@@ -193,7 +193,7 @@ def lock_one(
           JOIN ledger_bucket b ON b.id = a.bucket_id
          WHERE h.id = %(id)s
          ORDER BY b.id
-           FOR UPDATE OF h{", b" if lock_buckets else ""}
+           FOR NO KEY UPDATE OF h{", b" if lock_buckets else ""}
         """,
         {"id": hold_id, "key": attempt_key},
     )
