@@ -84,9 +84,10 @@ class PgBench:
         self.common = [
             pgbench_binary(),
             "-h",
-            params.get("HOST") or "127.0.0.1",
+            # The embedded server is reached by its socket directory (OPTIONS host).
+            params.get("HOST") or params["OPTIONS"].get("host") or "127.0.0.1",
             "-p",
-            str(params.get("PORT") or 5432),
+            str(params.get("PORT") or params["OPTIONS"].get("port") or 5432),
             "-U",
             params.get("USER") or "postgres",
         ]

@@ -519,9 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "test":
             return run_tests(env, [a for a in args.pytest_args if a != "--"])
         cmd = [a for a in args.cmd if a != "--"]
-        if not cmd or not shutil.which(cmd[0], path=f"{BIN}:{os.environ.get('PATH', '')}"):
+        # The virtualenv's bin first: `run -- python ...` means the project's Python.
+        path = f"{BIN}:{env.get('PATH', os.environ.get('PATH', ''))}"
+        if not cmd or not shutil.which(cmd[0], path=path):
             parser.error("run needs a command, e.g. run -- python manage.py shell")
-        return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        return subprocess.run(cmd, cwd=ROOT, env={**env, "PATH": path}).returncode
 
 
 if __name__ == "__main__":
