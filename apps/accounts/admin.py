@@ -7,27 +7,16 @@ import json
 from django import forms
 from django.conf import settings
 from django.contrib import admin
-from django.forms.models import model_to_dict
 from django.urls import reverse
 from django.utils.html import format_html
 
-from apps.accounts import services
+from apps.accounts import operations
 from apps.accounts.models import APIKey, OperatorAction, Org, Project, User
-from apps.accounts.operator_actions import operator_action, operator_of
-from apps.ledger import services as ledger
+from apps.accounts.operations import ORG_SETTINGS
+from apps.accounts.operator_actions import operator_of
+from apps.ledger import operations as ledger
 from apps.ledger.models import Budget
 
-# The fields of an org an operator sets here, recorded before/after in the audit trail.
-ORG_SETTINGS = (
-    "name",
-    "tier",
-    "weight",
-    "max_queued_jobs",
-    "max_running_jobs",
-    "rate_per_s",
-    "rate_burst",
-    "dedup_enabled",
-)
 BUDGET_SETTINGS = ("limit", "period", "mode")
 
 
@@ -132,35 +121,19 @@ class OrgAdmin(admin.ModelAdmin):
         return audit_link(label="Everything about this org", org=obj.pk) if obj and obj.pk else "-"
 
     def save_model(self, request, obj, form, change):
-        """Creates and changes go through the accounts services and are recorded."""
-        after = {name: getattr(obj, name) for name in ORG_SETTINGS}
+        """Creates and changes go through the accounts operations, which record them."""
+        settings_now = {name: getattr(obj, name) for name in ORG_SETTINGS}
         if not change:
-            with operator_action(
-                actor=operator_of(request), action="org.create", target_type="org", target_id=""
-            ) as pending:
-                created = services.create_org(**after)
-                pending.target_id, pending.org_id, pending.after = created.pk, created.pk, after
+            created = operations.create_org(actor=operator_of(request), **settings_now)
             obj.pk, obj.created_at = created.pk, created.created_at
             obj._state.adding, obj._state.db = False, created._state.db
             return
-        current = Org.objects.get(pk=obj.pk)
-        changed = [name for name in ORG_SETTINGS if getattr(current, name) != after[name]]
-        with operator_action(
-            actor=operator_of(request),
-            action="org.update",
-            target_type="org",
-            target_id=obj.pk,
-            org_id=obj.pk,
-            before={name: getattr(current, name) for name in changed},
-            after={name: after[name] for name in changed},
-        ) as pending:
-            pending.skip = not changed
-            services.update_org(current, **{name: after[name] for name in changed})
+        operations.update_org(obj, actor=operator_of(request), **settings_now)
 
     def save_formset(self, request, form, formset, change):
         if formset.model is not Budget:
             return super().save_formset(request, form, formset, change)
-        # Budgets are set through the ledger service (caches recomputed), one audit row each.
+        # Budgets are set through the ledger's operations (caches recomputed), each recorded.
         formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
         for budget_form in formset.forms:
             if not budget_form.has_changed() or not budget_form.cleaned_data:
@@ -170,26 +143,14 @@ class OrgAdmin(admin.ModelAdmin):
 
     def _set_budget(self, request, org, budget_form, formset):
         data = budget_form.cleaned_data
-        existing = None if budget_form.instance._state.adding else budget_form.instance
-        before = model_to_dict(existing, fields=BUDGET_SETTINGS) if existing else {}
-        scope = {"project": data.get("project"), "user": data.get("user")}
-        with operator_action(
+        existing = not budget_form.instance._state.adding
+        budget = ledger.set_budget(
             actor=operator_of(request),
-            action="budget.set",
-            target_type="budget",
-            target_id="",
-            org_id=org.pk,
-            before=before,
-        ) as pending:
-            budget = ledger.set_budget(
-                org=org, **scope, **{name: data[name] for name in BUDGET_SETTINGS}
-            )
-            pending.target_id = budget.pk
-            pending.after = {
-                **model_to_dict(budget, fields=BUDGET_SETTINGS),
-                "project": str(budget.project_id or ""),
-                "user": str(budget.user_id or ""),
-            }
+            org=org,
+            project=data.get("project"),
+            user=data.get("user"),
+            **{name: data[name] for name in BUDGET_SETTINGS},
+        )
         if existing:
             formset.changed_objects.append((budget, budget_form.changed_data))
         else:
@@ -238,16 +199,7 @@ class APIKeyAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         revoked = 0
         for api_key in queryset.filter(revoked_at__isnull=True):
-            with operator_action(
-                actor=operator_of(request),
-                action="apikey.revoke",
-                target_type="apikey",
-                target_id=api_key.prefix,
-                org_id=api_key.org_id,
-                before={"revoked_at": None},
-            ) as pending:
-                services.revoke_api_key(api_key)
-                pending.after = {"revoked_at": api_key.revoked_at}
+            operations.revoke_api_key(api_key, actor=operator_of(request))
             revoked += 1
         self.message_user(request, f"Revoked {revoked} key(s).")
 

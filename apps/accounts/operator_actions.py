@@ -1,8 +1,11 @@
 """Recording what operators do: one append-only OperatorAction row per action.
 
-Admin actions call `record_operator_action` inside the same transaction as the change
-they record, so the audit trail never shows an action that did not happen (or misses
-one that did). A refused action is recorded too, with the reason it was refused.
+An operator's change and its row are written in one transaction (`operator_action`), so
+the audit trail never shows an action that did not happen (or misses one that did). The
+admin and the operator API record the same actions under the same names, most of them
+through the operations modules both call (apps.accounts.operations,
+apps.ledger.operations, apps.scheduler.operations). An action refused in the admin is
+recorded too, with the reason; a refused API call (an error answer) records nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from django.db import IntegrityError, transaction
 from apps.accounts.models import OperatorAction, Org
 from apps.api.errors import GantryError
 
-# Every action an operator can take in the admin, as recorded in OperatorAction.action.
+# Every action an operator can take (admin or API), as recorded in OperatorAction.action.
 ACTIONS = {
     "node.drain": "Drain a node (no new work; running jobs finish)",
     "node.undrain": "Make a node active again",
@@ -32,14 +35,27 @@ ACTIONS = {
     "quarantine.clear": "Clear a quarantined params fingerprint",
     "org.create": "Create an org",
     "org.update": "Change an org's tier, weight or quotas",
+    "project.create": "Create a project in an org",
+    "user.create": "Create a tenant user in an org",
+    "apikey.create": "Issue an API key",
     "budget.set": "Create or change a budget",
     "apikey.revoke": "Revoke an API key",
 }
 
 
 def operator_of(request) -> str:
-    """The actor string of a Django admin user: `admin:<username>`."""
+    """Who acts: `admin:<username>` in the Django admin, `api:<key prefix>` for an API key
+    (the same actor string the jobs app writes on a job's events)."""
+    api_key = getattr(request.user, "api_key", None)
+    if api_key is not None:
+        return f"api:{api_key.prefix}"
     return f"admin:{request.user.get_username()}"
+
+
+def api_operator(request) -> dict:
+    """The `actor` and `record_refused` options of the operations for an operator API
+    call: the key as actor; a refused call records nothing (its caller gets the error)."""
+    return {"actor": operator_of(request), "record_refused": False}
 
 
 def _jsonable(value: dict | None) -> dict:
@@ -111,13 +127,23 @@ class PendingAction:
 
 
 @contextmanager
-def operator_action(*, actor: str, action: str, target_type: str, target_id, **known):
+def operator_action(
+    *,
+    actor: str,
+    action: str,
+    target_type: str,
+    target_id,
+    record_refused: bool = True,
+    **known,
+):
     """Run an operator's change and record it, atomically.
 
     ``with operator_action(actor=..., action="node.drain", ...) as pending:`` runs the
     block in a transaction and records the action in it on success. If the block raises
-    a GantryError the change is rolled back, a `refused` row is recorded with the
-    error's message, and the error propagates for the caller to show.
+    a GantryError the change is rolled back and the error propagates for the caller to
+    show; with `record_refused` (the admin's way) a `refused` row is recorded first, with
+    the error's message. The API passes False: its caller gets the error answer, and a
+    refused call leaves no row (an idempotent view's transaction would drop it anyway).
     """
     pending = PendingAction(
         actor=actor, action=action, target_type=target_type, target_id=str(target_id), **known
@@ -128,6 +154,8 @@ def operator_action(*, actor: str, action: str, target_type: str, target_id, **k
             if not pending.skip:
                 _record(pending, outcome=OperatorAction.Outcome.DONE)
     except GantryError as exc:
+        if not record_refused:
+            raise
         pending.note = exc.message
         pending.idempotency_key = None  # a retry after a refusal may well succeed
         _record(pending, outcome=OperatorAction.Outcome.REFUSED)

@@ -1,4 +1,7 @@
-"""Operator endpoints for tenancy, and read access for an org to its own objects."""
+"""Operator endpoints for tenancy, and read access for an org to its own objects.
+
+Every change goes through apps.accounts.operations, which records it in the audit trail
+(actor `api:<key prefix>`) in the change's transaction; a refused call records nothing."""
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
@@ -6,8 +9,9 @@ from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
-from apps.accounts import selectors, services
+from apps.accounts import operations, selectors
 from apps.accounts.models import Org, Project, User
+from apps.accounts.operator_actions import api_operator
 from apps.accounts.permissions import IsOperator, IsOperatorForWrites
 from apps.accounts.serializers import (
     APIKeyCreateSerializer,
@@ -35,7 +39,7 @@ class OrgListView(GenericAPIView):
     def post(self, request):
         serializer = OrgSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        org = services.create_org(**serializer.validated_data)
+        org = operations.create_org(**api_operator(request), **serializer.validated_data)
         return Response(OrgSerializer(org).data, status=status.HTTP_201_CREATED)
 
 
@@ -51,7 +55,7 @@ class OrgDetailView(GenericAPIView):
         instance = selectors.org_for(request.user, org)
         serializer = OrgUpdateSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        org = services.update_org(instance, **serializer.validated_data)
+        org = operations.update_org(instance, **api_operator(request), **serializer.validated_data)
         return Response(OrgSerializer(org).data)
 
 
@@ -69,7 +73,9 @@ class ProjectListView(GenericAPIView):
         owner = selectors.org_for(request.user, org)
         serializer = ProjectSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        project = services.create_project(org=owner, **serializer.validated_data)
+        project = operations.create_project(
+            org=owner, **api_operator(request), **serializer.validated_data
+        )
         return Response(ProjectSerializer(project).data, status=status.HTTP_201_CREATED)
 
 
@@ -87,7 +93,9 @@ class UserListView(GenericAPIView):
         owner = selectors.org_for(request.user, org)
         serializer = UserSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = services.create_user(org=owner, **serializer.validated_data)
+        user = operations.create_user(
+            org=owner, **api_operator(request), **serializer.validated_data
+        )
         return Response(UserSerializer(user).data, status=status.HTTP_201_CREATED)
 
 
@@ -113,8 +121,13 @@ class APIKeyListView(GenericAPIView):
             project = _or_400(Project, data["project"], "project")
         if data.get("user"):
             user = _or_400(User, data["user"], "user")
-        issued = services.issue_api_key(
-            org=org, project=project, user=user, operator=data["operator"], name=data["name"]
+        issued = operations.issue_api_key(
+            **api_operator(request),
+            org=org,
+            project=project,
+            user=user,
+            operator=data["operator"],
+            name=data["name"],
         )
         body = APIKeySerializer(issued.api_key).data
         body["key"] = issued.raw_key
@@ -127,7 +140,9 @@ class APIKeyDetailView(GenericAPIView):
 
     def delete(self, request, key_id):
         api_key = get_object_or_404(selectors.visible_api_keys(request.user), pk=key_id)
-        return Response(APIKeySerializer(services.revoke_api_key(api_key)).data)
+        return Response(
+            APIKeySerializer(operations.revoke_api_key(api_key, **api_operator(request))).data
+        )
 
 
 def _or_400(model, pk, field: str):

@@ -2,8 +2,6 @@
 granted (never edited), holds are settled, entries are read-only. Grants, settlements
 and budget changes made here are recorded as operator actions (the audit trail)."""
 
-from hashlib import sha256
-
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -14,7 +12,7 @@ from django.urls import reverse
 
 from apps.accounts.operator_actions import operator_action, operator_of
 from apps.api.errors import GantryError
-from apps.ledger import services
+from apps.ledger import operations, services
 from apps.ledger.forms import BucketGrantForm, BudgetForm, GrantForm
 from apps.ledger.models import (
     Bucket,
@@ -156,33 +154,16 @@ class BucketAdmin(admin.ModelAdmin):
 
 
 def _grant(request, *, org, project, kind, amount, expires_at, idempotency_key):
-    """Grant through the ledger and record it once per form submission (same key)."""
-    with operator_action(
+    """Grant and record it once per form submission (the form's key), like the API."""
+    return operations.grant(
         actor=operator_of(request),
-        action="credits.grant",
-        target_type="bucket",
-        target_id="",
-        org_id=org.pk,
-        # One audit row per grant form submission (the form's key, hashed to a fixed size).
-        idempotency_key=f"credits.grant:{org.pk}:{sha256(idempotency_key.encode()).hexdigest()}",
-    ) as pending:
-        bucket = services.grant(
-            org=org,
-            project=project,
-            kind=kind,
-            amount=amount,
-            expires_at=expires_at,
-            idempotency_key=idempotency_key,
-            actor=_actor(request),
-        )
-        pending.target_id = bucket.pk
-        pending.after = {
-            "kind": bucket.kind,
-            "amount": bucket.granted,
-            "project": str(bucket.project_id or ""),
-            "expires_at": bucket.expires_at,
-        }
-    return bucket
+        org=org,
+        project=project,
+        kind=kind,
+        amount=amount,
+        expires_at=expires_at,
+        idempotency_key=idempotency_key,
+    )
 
 
 class AllocationInline(admin.TabularInline):
@@ -315,40 +296,20 @@ class BudgetAdmin(admin.ModelAdmin):
         return super().get_form(request, obj, **kwargs)
 
     def save_model(self, request, obj, form, change):
-        current = Budget.objects.filter(pk=obj.pk).first() if change else None
-        with operator_action(
+        saved = operations.set_budget(
             actor=operator_of(request),
-            action="budget.set",
-            target_type="budget",
-            target_id=obj.pk or "",
-            org_id=obj.org_id,
-            before=_budget_settings(current) if current else {},
-        ) as pending:
-            saved = services.set_budget(
-                org=obj.org,
-                project=obj.project,
-                user=obj.user,
-                limit=obj.limit,
-                period=obj.period,
-                mode=obj.mode,
-            )
-            pending.target_id = saved.pk
-            pending.after = _budget_settings(saved)
+            org=obj.org,
+            project=obj.project,
+            user=obj.user,
+            limit=obj.limit,
+            period=obj.period,
+            mode=obj.mode,
+        )
         obj.pk = saved.pk
         obj.refresh_from_db()
 
     def has_delete_permission(self, request, obj=None):
         return False
-
-
-def _budget_settings(budget: Budget) -> dict:
-    return {
-        "project": str(budget.project_id or ""),
-        "user": str(budget.user_id or ""),
-        "limit": budget.limit,
-        "period": budget.period,
-        "mode": budget.mode,
-    }
 
 
 @admin.register(BudgetAlert)

@@ -39,13 +39,20 @@ KIND_RANK = {BucketKind.PROMO: 0, BucketKind.GRANT: 1, BucketKind.PAID: 2}
 
 class Bucket(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="credit_buckets")
+    # Few indexes on the rows every reserve and settle writes: each costs index
+    # maintenance and a relation lock, and PostgreSQL keeps only 16 relation locks per
+    # transaction off its shared lock table. The org is indexed by bucket_org_expiry;
+    # a project's buckets are found through its org (deleting a project, rare, scans).
+    org = models.ForeignKey(
+        Org, on_delete=models.PROTECT, related_name="credit_buckets", db_index=False
+    )
     project = models.ForeignKey(
         Project,
         null=True,
         blank=True,
         on_delete=models.PROTECT,
         related_name="credit_buckets",
+        db_index=False,
         help_text="Only holds of this project may draw from it; empty: the whole org.",
     )
     kind = models.CharField(max_length=8, choices=BucketKind.choices)
@@ -123,11 +130,12 @@ class Hold(models.Model):
     org = models.ForeignKey(
         Org, on_delete=models.PROTECT, related_name="credit_holds", db_index=False
     )  # indexed by the (org, idempotency_key) constraint
+    # Not indexed (see Bucket.org): a scope's holds are found through the org.
     project = models.ForeignKey(
-        Project, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        Project, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     user = models.ForeignKey(
-        User, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        User, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     # A plain id, not a foreign key: the jobs app depends on the ledger, not the reverse.
     job_ref = models.UUIDField(null=True, blank=True, db_index=True)
@@ -289,7 +297,8 @@ class Entry(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     # The hottest insert of all: indexes are (org, created_at, id) for the API, hold and
-    # job for a job's story; the reconciler reads everything in one pass anyway.
+    # job for a job's story, and (created_at, id) of the positive legs for the audit
+    # trail across all orgs; the reconciler reads everything in one pass anyway.
     txn = models.UUIDField(help_text="The ledger transaction this leg belongs to.")
     # The bucket's org, copied for scoping. No database FK: its check would share-lock
     # the org row from every concurrent ledger write; the reconciler checks it instead.
@@ -323,6 +332,9 @@ class Entry(models.Model):
         verbose_name_plural = "entries"
         indexes = [
             models.Index(fields=["org", "created_at", "id"], name="entry_org_time"),
+            # Partial: the audit trail lists only the positive leg of each movement, and
+            # an org's listing (no amount filter) cannot pick it over entry_org_time.
+            models.Index(fields=["created_at", "id"], name="entry_time", condition=Q(amount__gt=0)),
             models.Index(fields=["job_id"], name="entry_job", condition=Q(job_id__isnull=False)),
         ]
         constraints = [
@@ -360,12 +372,23 @@ class Budget(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="budgets")
+    # Indexed by the budget_per_scope constraint (org first); see Bucket.org.
+    org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="budgets", db_index=False)
     project = models.ForeignKey(
-        Project, null=True, blank=True, on_delete=models.PROTECT, related_name="budgets"
+        Project,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="budgets",
+        db_index=False,
     )
     user = models.ForeignKey(
-        User, null=True, blank=True, on_delete=models.PROTECT, related_name="budgets"
+        User,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="budgets",
+        db_index=False,
     )
     limit = models.BigIntegerField()
     period = models.CharField(max_length=8, choices=BudgetPeriod.choices)

@@ -1,4 +1,8 @@
-"""Credit endpoints: balance and entries for an org, grants and budgets for operators."""
+"""Credit endpoints: balance and entries for an org, grants and budgets for operators.
+
+Grants and budgets go through apps.ledger.operations, which records them in the audit
+trail (actor `api:<key prefix>`) in the change's transaction; a refused call records
+nothing."""
 
 import uuid
 
@@ -10,11 +14,12 @@ from rest_framework.response import Response
 
 from apps.accounts import selectors as accounts
 from apps.accounts.models import Org, Project, User
+from apps.accounts.operator_actions import api_operator
 from apps.accounts.permissions import IsOperator
 from apps.api.errors import GantryError
 from apps.api.idempotency import HEADER, idempotent
 from apps.api.pagination import OldestFirstCursorPagination
-from apps.ledger import selectors, services
+from apps.ledger import operations, selectors
 from apps.ledger.serializers import (
     BalanceSerializer,
     BucketSerializer,
@@ -113,14 +118,14 @@ class GrantView(GenericAPIView):
         body = GrantRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        bucket = services.grant(
+        bucket = operations.grant(
+            **api_operator(request),
             org=_referenced(Org, data["org"], "org"),
             project=_referenced(Project, data.get("project"), "project"),
             amount=data["amount"],
             kind=data["kind"],
             expires_at=data.get("expires_at"),
             idempotency_key=request.META[HEADER].strip(),
-            actor=f"api-key {request.auth.prefix}",
         )
         return Response(BucketSerializer(bucket).data, status=status.HTTP_201_CREATED)
 
@@ -135,7 +140,8 @@ class BudgetView(GenericAPIView):
         body = BudgetRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        budget = services.set_budget(
+        budget = operations.set_budget(
+            **api_operator(request),
             org=_referenced(Org, data["org"], "org"),
             project=_referenced(Project, data.get("project"), "project"),
             user=_referenced(User, data.get("user"), "user"),

@@ -15,7 +15,7 @@ from django.urls import path, reverse
 from apps.accounts.models import Org
 from apps.accounts.operator_actions import operator_action, operator_of
 from apps.api.errors import GantryError
-from apps.scheduler import services
+from apps.scheduler import operations
 from apps.scheduler.models import (
     DispatchDecision,
     Gpu,
@@ -122,22 +122,22 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drain selected nodes (no new work; running jobs finish)")
     def drain(self, request, queryset):
-        self._each(request, queryset, services.drain_node, "drained")
+        self._each(request, queryset, operations.drain_node, "drained")
 
     @admin.action(description="Undrain selected nodes (active again)")
     def undrain(self, request, queryset):
-        self._each(request, queryset, services.undrain_node, "made active")
+        self._each(request, queryset, operations.undrain_node, "made active")
 
     @admin.action(description="Remove selected nodes (only if nothing runs there)")
     def remove(self, request, queryset):
-        self._each(request, queryset, services.remove_node, "removed")
+        self._each(request, queryset, operations.remove_node, "removed")
 
-    def _each(self, request, queryset, service, done: str):
+    def _each(self, request, queryset, operation, done: str):
         names = list(queryset.values_list("name", flat=True))
         ok = []
         for name in names:
             try:
-                _node_action(request, name, service)
+                operation(actor=operator_of(request), name=name)
                 ok.append(name)
             except GantryError as exc:
                 self.message_user(request, f"{name}: {exc.message}", level=messages.ERROR)
@@ -146,7 +146,7 @@ class NodeAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         # Recorded in save_related, once the GPUs of the inline are saved too.
-        request._gantry_node_before = _node_snapshot(obj.pk) if change else {}
+        request._gantry_node_before = operations.node_snapshot(obj.pk) if change else {}
         super().save_model(request, obj, form, change)
 
     def save_related(self, request, form, formsets, change):
@@ -158,7 +158,7 @@ class NodeAdmin(admin.ModelAdmin):
             before=getattr(request, "_gantry_node_before", {}),
         ) as pending:
             super().save_related(request, form, formsets, change)
-            pending.after = _node_snapshot(form.instance.pk)
+            pending.after = operations.node_snapshot(form.instance.pk)
             pending.skip = change and pending.after == pending.before
 
     def fleet_view(self, request):
@@ -166,15 +166,15 @@ class NodeAdmin(admin.ModelAdmin):
         if request.method == "POST":
             if not self.has_change_permission(request):
                 raise PermissionDenied
-            service = {"drain": services.drain_node, "undrain": services.undrain_node}.get(
+            operation = {"drain": operations.drain_node, "undrain": operations.undrain_node}.get(
                 request.POST.get("op", "")
             )
             name = request.POST.get("node", "")
-            if service is None or not name:
+            if operation is None or not name:
                 self.message_user(request, "Choose a node and drain or undrain.", messages.ERROR)
             else:
                 try:
-                    node = _node_action(request, name, service)
+                    node = operation(actor=operator_of(request), name=name)
                     self.message_user(
                         request, f"Node {name} is now {node.state}.", messages.SUCCESS
                     )
@@ -199,38 +199,6 @@ class NodeAdmin(admin.ModelAdmin):
             "can_change": self.has_change_permission(request),
         }
         return TemplateResponse(request, "admin/scheduler/fleet.html", context)
-
-
-def _node_snapshot(pk) -> dict:
-    node = Node.objects.filter(pk=pk).first()
-    if node is None:
-        return {}
-    gpus = node.gpus.order_by("index").values_list("index", "gpu_type_id", "device_id")
-    return {
-        "name": node.name,
-        "state": node.state,
-        "gpus": [{"index": i, "type": t, "device": d} for i, t, d in gpus],
-    }
-
-
-def _node_action(request, name: str, service):
-    """Drain, undrain or remove one node through its service, recorded as node.<verb>."""
-    before = Node.objects.filter(name=name).values("state").first() or {}
-    with operator_action(
-        actor=operator_of(request),
-        action=f"node.{service.__name__.removesuffix('_node')}",
-        target_type="node",
-        target_id=name,
-        before=before,
-    ) as pending:
-        result = service(name=name)
-        node = result if isinstance(result, Node) else None
-        pending.after = (
-            {"state": node.state}
-            if node is not None
-            else {"state": "deleted" if result else NodeState.DOWN}
-        )
-    return result
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -2,7 +2,7 @@
 
 Four append-only sources are merged, newest first:
 
-    operator  OperatorAction   what an operator did in the admin (who, what, before/after)
+    operator  OperatorAction   what an operator did in the admin or API (who, what, before/after)
     dispatch  DispatchDecision placements, preemptions and reservations, with reasons
     job       JobEvent         every job transition (and notes such as "cancel requested")
     ledger    Entry            every movement of credit (the positive leg of each pair)

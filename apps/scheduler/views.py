@@ -1,15 +1,19 @@
-"""The operator's fleet API: list, add, drain, undrain and remove nodes; GPU types."""
+"""The operator's fleet API: list, add, drain, undrain and remove nodes; GPU types.
+
+Changes go through apps.scheduler.operations, which records them in the audit trail
+(actor `api:<key prefix>`) in the change's transaction; a refused call records nothing."""
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
+from apps.accounts.operator_actions import api_operator
 from apps.accounts.permissions import IsOperator
 from apps.api.errors import GantryError
 from apps.api.idempotency import idempotent
 from apps.api.pagination import OpaqueCursorPagination
-from apps.scheduler import selectors, services
+from apps.scheduler import operations, selectors
 from apps.scheduler.models import Node, NodeState
 from apps.scheduler.serializers import GpuTypeSerializer, NodeCreateSerializer, NodeSerializer
 
@@ -56,7 +60,7 @@ class NodeListView(GenericAPIView):
     def post(self, request):
         serializer = NodeCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        node = services.add_node(**serializer.validated_data)
+        node = operations.add_node(**api_operator(request), **serializer.validated_data)
         return Response(_node_body(node), status=status.HTTP_201_CREATED)
 
 
@@ -69,7 +73,7 @@ class NodeDetailView(GenericAPIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request, name):
-        services.remove_node(name=name)
+        operations.remove_node(**api_operator(request), name=name)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -79,7 +83,7 @@ class NodeDrainView(GenericAPIView):
 
     @extend_schema(request=None)
     def post(self, request, name):
-        return Response(_node_body(services.drain_node(name=name)))
+        return Response(_node_body(operations.drain_node(**api_operator(request), name=name)))
 
 
 class NodeUndrainView(GenericAPIView):
@@ -88,7 +92,7 @@ class NodeUndrainView(GenericAPIView):
 
     @extend_schema(request=None)
     def post(self, request, name):
-        return Response(_node_body(services.undrain_node(name=name)))
+        return Response(_node_body(operations.undrain_node(**api_operator(request), name=name)))
 
 
 class GpuTypeListView(GenericAPIView):

@@ -21,9 +21,9 @@ from django.utils import timezone
 from apps.jobs.models import Attempt, AttemptState, ExitClass, Job, JobEvent, JobStatus
 from apps.jobs.services import runner
 from apps.ledger import services as ledger
-from apps.ledger.models import HoldState
 from apps.scheduler.services.dispatch import publish_run_attempt
 from tests.jobs.factories import JobFactory, funded_org, place
+from tests.ledger.assertions import assert_ledger_exact, charge_of
 from tests.worker_harness import (
     E2E_FLEET,
     ROOT,
@@ -69,22 +69,6 @@ def finished(job) -> bool:
 
 def live_attempts(job) -> int:
     return Attempt.objects.filter(job=job).exclude(state=AttemptState.FINISHED).count()
-
-
-def charge_of(attempt: Attempt) -> int:
-    return attempt.gpu_ms * attempt.price_per_gpu_hour // 3_600_000
-
-
-def assert_ledger_exact(job: Job) -> None:
-    job.refresh_from_db()
-    hold = job.hold
-    attempts = list(job.attempts.all())
-    assert hold.state == HoldState.SETTLED
-    for attempt in attempts:
-        assert attempt.charged == charge_of(attempt)
-    assert hold.captured == sum(a.charged for a in attempts)
-    assert hold.refunded == hold.amount - hold.captured
-    assert ledger.reconcile(record=False) == []
 
 
 def processes_mentioning(text: str) -> list[int]:

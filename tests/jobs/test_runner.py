@@ -28,6 +28,7 @@ from apps.jobs.services.lifecycle import transition
 from apps.ledger import services as ledger
 from apps.ledger.models import HoldState
 from tests.jobs.factories import JobFactory, place
+from tests.ledger.assertions import charge_of
 
 STEP_S = 0.05
 
@@ -60,10 +61,6 @@ def requeued_attempt(job: Job) -> Attempt:
     transition(job.pk, to=JobStatus.SCHEDULED, reason="placed again", actor="test")
     job.refresh_from_db()
     return place(job, gpus=job.gpu_count)
-
-
-def charge_of(attempt: Attempt) -> int:
-    return attempt.gpu_ms * attempt.price_per_gpu_hour // 3_600_000
 
 
 def in_thread(target, *args, **kwargs):

@@ -14,9 +14,8 @@ import pytest
 
 from apps.jobs.models import Attempt, ExitClass, Job, JobEvent, JobStatus
 from apps.jobs.services.cancel import cancel_job
-from apps.ledger import services as ledger
-from apps.ledger.models import HoldState
 from tests.jobs.factories import funded_org
+from tests.ledger.assertions import assert_ledger_exact
 from tests.worker_harness import (
     Beat,
     apply_fast_settings,
@@ -43,23 +42,6 @@ def beat(workers, settings):
 
 def finished(job) -> bool:
     return Job.objects.get(pk=job.pk).is_terminal
-
-
-def charge_of(attempt: Attempt) -> int:
-    return attempt.gpu_ms * attempt.price_per_gpu_hour // 3_600_000
-
-
-def assert_ledger_exact(job: Job) -> None:
-    """The hold is settled at exactly what the attempts measured; the rest refunded."""
-    job.refresh_from_db()
-    hold = job.hold
-    attempts = list(job.attempts.all())
-    assert hold.state == HoldState.SETTLED
-    for attempt in attempts:
-        assert attempt.charged == charge_of(attempt)
-    assert hold.captured == sum(a.charged for a in attempts)
-    assert hold.refunded == hold.amount - hold.captured
-    assert ledger.reconcile(record=False) == []
 
 
 def statuses(job) -> list[tuple[str, str]]:

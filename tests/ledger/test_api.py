@@ -37,7 +37,7 @@ def test_operator_grants_credit_and_gets_the_bucket(operator, org):
     assert (body["kind"], body["amount"], body["remaining"]) == ("promo", 5 * CREDIT, 5 * CREDIT)
     bucket = Bucket.objects.get(pk=body["id"])
     assert bucket.org == org and bucket.idempotency_key == "g-1"
-    assert bucket.actor.startswith("api-key gk_")
+    assert bucket.actor.startswith("api:gk_")  # the same actor as its audit row
 
 
 def test_a_grant_replayed_with_the_same_key_answers_the_first_bucket_once(operator, org):

@@ -332,6 +332,43 @@ def test_budgets_set_in_the_org_page_go_through_the_ledger_and_are_recorded(admi
     assert {row.after["limit"] for row in rows} == {50 * CREDIT, 10 * CREDIT}
 
 
+def test_a_budget_changed_in_the_org_page_is_recorded_with_its_old_settings(admin_client):
+    org = funded("budget-change", "paid")
+    budget = Budget.objects.create(org=org, limit=CREDIT, period="total", mode="hard")
+    body = _org_form(
+        org,
+        **{
+            "budgets-TOTAL_FORMS": 1,
+            "budgets-INITIAL_FORMS": 1,
+            "budgets-0-id": budget.pk,
+            "budgets-0-org": org.pk,
+            "budgets-0-project": "",
+            "budgets-0-user": "",
+            "budgets-0-limit": 3 * CREDIT,
+            "budgets-0-period": "month",
+            "budgets-0-mode": "soft",
+        },
+    )
+
+    response = admin_client.post(reverse("admin:accounts_org_change", args=[org.pk]), body)
+
+    assert response.status_code == 302
+    [row] = actions("budget.set")
+    assert row.target_id == str(budget.pk)
+    assert row.before == {
+        "project": "",
+        "user": "",
+        "limit": CREDIT,
+        "period": "total",
+        "mode": "hard",
+    }
+    assert (row.after["limit"], row.after["period"], row.after["mode"]) == (
+        3 * CREDIT,
+        "month",
+        "soft",
+    )
+
+
 def test_a_budgets_scope_cannot_be_moved_in_the_org_page(admin_client):
     org = funded("scopes", "paid")
     project = ProjectFactory(org=org)
