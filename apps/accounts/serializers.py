@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from apps.accounts.models import APIKey, Org, Project, Tier, User
+from apps.accounts.operations import ORG_SETTINGS
 
 
 class OrgSerializer(serializers.ModelSerializer):
@@ -10,18 +11,7 @@ class OrgSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Org
-        fields = [
-            "id",
-            "name",
-            "tier",
-            "weight",
-            "max_queued_jobs",
-            "max_running_jobs",
-            "rate_per_s",
-            "rate_burst",
-            "dedup_enabled",
-            "created_at",
-        ]
+        fields = ["id", *ORG_SETTINGS, "created_at"]
         read_only_fields = ["id", "created_at"]
         # Uniqueness is the service's job (409), not a validation error (400).
         extra_kwargs = {"name": {"validators": []}}
