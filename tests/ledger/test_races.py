@@ -1,10 +1,11 @@
 """Races on real PostgreSQL: many threads, each with its own connection, at once."""
 
 import threading
+import time
 from collections import Counter
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 
 from apps.api.errors import InsufficientCredits
 from apps.ledger import services
@@ -178,4 +179,67 @@ def test_a_budget_created_while_reservations_race_counts_each_of_them_once(
     assert not [r for r in results if isinstance(r, Exception)]
     budget = Budget.objects.get(org=org)
     assert budget.held + budget.consumed > 0
+    assert_ledger_consistent()
+
+
+def _has_lock_waiter() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE NOT l.granted AND a.datname = current_database()"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_settle_that_waited_for_a_usage_capture_refunds_against_the_captured_figures(
+    assert_ledger_consistent,
+):
+    """A settle blocked on the hold while a meter captures must read the allocations as
+    that capture left them, not as they were when the settle began waiting."""
+    org = OrgFactory()
+    bucket = BucketFactory(org=org, granted=100 * CREDIT)
+    hold = HoldFactory(org=org, amount=10 * CREDIT)
+    captured, release = threading.Event(), threading.Event()
+    results: dict = {}
+
+    def meter_in_an_open_transaction():
+        try:
+            with transaction.atomic():
+                services.meter(hold, cumulative_usage=3 * CREDIT, seq=1)
+                captured.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def settle():
+        try:
+            results["settle"] = services.settle(hold, reason="finished", final_usage=5 * CREDIT)
+        except Exception as exc:  # asserted on below
+            results["settle"] = exc
+        finally:
+            connection.close()
+
+    metering = threading.Thread(target=meter_in_an_open_transaction)
+    metering.start()
+    assert captured.wait(timeout=30)
+    settling = threading.Thread(target=settle)
+    settling.start()
+    _wait_for(_has_lock_waiter)  # the settle waits for the hold
+    release.set()
+    metering.join(timeout=30)
+    settling.join(timeout=30)
+    close_old_connections()
+
+    result = results["settle"]
+    assert outcome(result) == "SettleResult", result
+    assert (result.captured, result.refunded) == (5 * CREDIT, 5 * CREDIT)
+    bucket.refresh_from_db()
+    assert (bucket.consumed, bucket.held, bucket.remaining) == (5 * CREDIT, 0, 95 * CREDIT)
     assert_ledger_consistent()

@@ -133,11 +133,16 @@ class LedgerTransaction:
         self._begun = True
         self.pg.execute("BEGIN" if self.owned else f"SAVEPOINT {self.SAVEPOINT}")
 
-    def query(self, sql: str, params) -> list[tuple]:
-        if self._begun:
+    def query(self, sql: str, params, *, first: tuple = ()) -> list[tuple]:
+        """A read, after the `first` (sql, params) statements, in one round trip. Each
+        statement has its own snapshot: a read after a statement that waited for a lock
+        sees what the lock's previous holder committed."""
+        if self._begun and not first:
             return execute(self.pg, sql, params).fetchall()
         with self.pg.pipeline():
             self._open()
+            for statement, values in first:
+                execute(self.pg, statement, values)
             cursor = execute(self.pg, sql, params)
         return cursor.fetchall()
 

@@ -124,10 +124,17 @@ def lock_holds(
         join = "LEFT JOIN ledger_usagemark m ON m.hold_id = h.id AND m.attempt_key = %s "
         columns += ", m.cumulative, m.seq"
     lock = f", {budget_lock_sql('h.org_id::text')}" if budget_lock else ""
+    # A joined usage mark must be read after the lock, by a statement of its own (see
+    # lock_one); the hold rows alone are re-read by the locking statement itself.
+    lock_first = (
+        "SELECT id FROM ledger_hold WHERE id = ANY(%s::uuid[]) ORDER BY id FOR NO KEY UPDATE"
+    )
+    first = [(lock_first, [ids])] if join else []
     rows = tx.query(
         f"SELECT {columns}, statement_timestamp(){lock} FROM ledger_hold h {join}"
         "WHERE h.id = ANY(%s::uuid[]) ORDER BY h.id FOR NO KEY UPDATE OF h",
         [attempt_key, ids] if join else [ids],
+        first=first,
     )
     holds = {row[0]: LockedHold(*row[:16]) for row in rows}
     now = rows[0][-2 if budget_lock else -1] if rows else db_now()
@@ -172,21 +179,29 @@ def lock_one(
     lock_buckets: bool = False,
     budget_lock: bool = False,
 ) -> tuple[LockedHold, datetime, dict | None, list[AllocationRow]]:
-    """Lock one hold and read, in the same statement, its allocations with their buckets
-    and (with attempt_key) that attempt's usage mark.
+    """Lock one hold, then read its allocations with their buckets and (with
+    attempt_key) that attempt's usage mark: two statements, one round trip.
 
-    The rows come in bucket id order and each row locks the hold before its bucket, so
-    with lock_buckets the lock order is the platform's: the hold, then buckets by id.
-    With budget_lock the statement also takes the org's shared budget lock.
+    The lock comes first, in a statement of its own: a statement that waits for a row
+    lock re-reads only the locked rows, so a read joined to the lock would see the
+    allocations and usage mark as they were before the previous holder (a usage fold, a
+    concurrent settle) committed, and capture or refund against stale figures. The read
+    then returns rows in bucket id order, each locking its bucket after the hold (with
+    lock_buckets: the platform's lock order, the hold, then buckets by id). With
+    budget_lock the first statement also takes the org's shared budget lock.
     Raises Hold.DoesNotExist for an unknown hold.
     """
-    lock = f", {budget_lock_sql('h.org_id::text')}" if budget_lock else ""
+    budget = f", {budget_lock_sql('org_id::text')}" if budget_lock else ""
+    lock = (
+        f"SELECT id{budget} FROM ledger_hold WHERE id = %(id)s FOR NO KEY UPDATE",
+        {"id": hold_id},
+    )
     hold_columns = ", ".join(f"h.{c}" for c in LockedHold.COLUMNS.split(", "))
     rows = tx.query(
         f"""
         SELECT {hold_columns}, m.cumulative, m.seq, a.id, a.hold_id, a.bucket_id, a.amount,
                a.captured, a.refunded, b.expires_at, b.kind, b.created_at, b.expired_at,
-               statement_timestamp(){lock}
+               statement_timestamp()
           FROM ledger_hold h
           LEFT JOIN ledger_usagemark m ON m.hold_id = h.id AND m.attempt_key = %(key)s
           JOIN ledger_holdallocation a ON a.hold_id = h.id
@@ -196,6 +211,7 @@ def lock_one(
            FOR NO KEY UPDATE OF h{", b" if lock_buckets else ""}
         """,
         {"id": hold_id, "key": attempt_key},
+        first=[lock],
     )
     if not rows:
         raise Hold.DoesNotExist(f"No hold {hold_id}.")
