@@ -6,19 +6,24 @@ Builds one fleet of `--nodes` nodes of 8 GPUs (40 % H100, 60 % A100), about half
 GPUs (`--busy`) held by running jobs of all tiers — a round with thousands of decisions
 to make, as after a burst of completions or a restart — and queues of each size (1,000
 orgs of 5 users, tiers 10/30/60 %, 1-8 GPUs, mixed type preferences, submitted over the
-last hour so that preemption thresholds have passed). Each queue is scheduled
-`--repeat` times from scratch (one dispatch round, the same `schedule` the tick calls);
-the median (and the best) is reported. Times are CPU time of this process
-(`time.process_time`), so other processes do not inflate them; on an idle machine wall
-time is the same. Python's cyclic garbage collector stays on, as in the dispatcher.
+last hour so that preemption thresholds have passed). Each queue becomes the snapshot
+the dispatcher would read for it: the policy's queue window (`queue_window`: 2,048 jobs
+shared max-min between users, at least each user's first 4, so at most 4 of each of the
+5,000 users here) plus the backlog of the other jobs per (tier, org) — built outside
+the timed round, as PostgreSQL builds it. Each snapshot is scheduled `--repeat` times
+from scratch (one dispatch round, the same `schedule` the tick calls), the sizes taking
+turns; the median (and the best) is reported. Times are CPU time of this process
+(`time.process_time`), so other processes do not inflate them much; on an idle machine
+wall time is the same. The garbage collector is on, as in the dispatcher (`schedule`
+pauses its cyclic collection during a round).
 
 - decisions (Place / Preempt / Reserve) and decisions per second;
 - the time per decision, and how it grows from the smallest to the largest queue
   against log(n) growth — the baseline of the ratio is the smallest queue, measured in
   the same run;
 - the split between the one pass that reads the snapshot (the fleet index and the
-  fair-share queue: linear in nodes and jobs, once per round) and the decision phase
-  (per decision: heaps and sorted containers, no scan of the queue).
+  fair-share queue: linear in nodes and listed jobs, once per round) and the decision
+  phase (per decision: heaps and sorted containers, no scan of the queue).
 
 A last round has the fleet completely full and nobody entitled to preempt yet: it shows
 the early exit.
@@ -27,6 +32,7 @@ the early exit.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import random
 import statistics
@@ -44,6 +50,7 @@ from apps.scheduler.policy import (
     PolicyConfig,
     RunningGpus,
     UsageSnapshot,
+    queue_window,
     schedule,
 )
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
@@ -120,40 +127,68 @@ def build_queue(size: int, seed: int):
     return queue, weights, usage
 
 
-def time_round(snap, repeat: int) -> dict:
-    """CPU seconds (median and best of `repeat`) of the whole round, and medians of its
-    read part: the fleet index and the fair-share queue built from the snapshot."""
+def windowed_snapshot(fleet, queue, running, config, weights, usage):
+    """The snapshot the dispatcher reads for this queue: the policy's queue window (each
+    user's first jobs, `window_depth` of them) and, per (tier, org), the backlog of the
+    others — what the dispatcher's SQL returns (`apps.scheduler.services.snapshot`) and
+    what the simulator lists. Built outside the timed round, as PostgreSQL builds it."""
+    window = queue_window(queue, config)
+    return snapshot(
+        fleet,
+        window.listed,
+        running,
+        now=NOW,
+        config=config,
+        org_weights=weights,
+        usage=usage,
+        backlog=window.backlog,
+    )
+
+
+def time_rounds(snaps: dict, repeat: int) -> dict:
+    """Per snapshot: CPU seconds of each whole round, and of its read part (the fleet
+    index and the fair-share queue built from the snapshot, timed apart).
+
+    The snapshots take turns, round after round, so that a slow spell of a shared
+    machine hits every queue size alike; each round starts after a full collection."""
     clock = time.process_time
-    totals, indexes, queues, decisions = [], [], [], []
+    timings = {key: {"totals": [], "indexes": [], "queues": [], "decisions": []} for key in snaps}
     for _ in range(repeat):
-        began = clock()
-        decisions = schedule(snap)
-        totals.append(clock() - began)
+        for key, snap in snaps.items():
+            timing = timings[key]
+            gc.collect()
+            began = clock()
+            timing["decisions"] = schedule(snap)
+            timing["totals"].append(clock() - began)
 
-        began = clock()
-        CapacityIndex(snap.nodes, snap.running, snap.gpu_types, snap.now, 5.0)
-        indexes.append(clock() - began)
-
-        running = RunningGpus()
-        for held in snap.running:
-            running.add(held.tier, held.org, held.user, held.gpu_count)
-        began = clock()
-        FairShareQueue(
-            snap.queued,
-            capacity_gpus=8 * len(snap.nodes),
-            config=snap.config,
-            org_weights=snap.org_weights,
-            usage=snap.usage,
-            running=running,
-            now=snap.now,
-        )
-        queues.append(clock() - began)
+            gc.collect()
+            gc.disable()  # as inside `schedule`
+            began = clock()
+            CapacityIndex(snap.nodes, snap.running, snap.gpu_types, snap.now, 5.0)
+            timing["indexes"].append(clock() - began)
+            running = RunningGpus.of(snap.running)
+            began = clock()
+            FairShareQueue(
+                snap.queued,
+                capacity_gpus=8 * len(snap.nodes),
+                config=snap.config,
+                org_weights=snap.org_weights,
+                usage=snap.usage,
+                running=running,
+                now=snap.now,
+                backlog=snap.backlog,
+            )
+            timing["queues"].append(clock() - began)
+            gc.enable()
     return {
-        "median": statistics.median(totals),
-        "best": min(totals),
-        "read": statistics.median(indexes) + statistics.median(queues),
-        "queue_read": statistics.median(queues),
-        "decisions": decisions,
+        key: {
+            "median": statistics.median(t["totals"]),
+            "best": min(t["totals"]),
+            "read": statistics.median(t["indexes"]) + statistics.median(t["queues"]),
+            "queue_read": statistics.median(t["queues"]),
+            "decisions": t["decisions"],
+        }
+        for key, t in timings.items()
     }
 
 
@@ -162,39 +197,67 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--queued", type=int, nargs="+", default=[10_000, 30_000, 100_000])
     parser.add_argument("--busy", type=float, default=0.5, help="share of GPUs held")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seed", type=int, default=7)
+    defaults = PolicyConfig()
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=defaults.queue_depth_per_user,
+        help="queue_depth_per_user: jobs of each user a round looks at, at least",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=defaults.queue_window_jobs,
+        help="queue_window_jobs: jobs a round looks at, shared max-min between users",
+    )
     args = parser.parse_args(argv)
 
-    config = PolicyConfig()
+    config = PolicyConfig(queue_depth_per_user=args.depth, queue_window_jobs=args.window)
     fleet, running = build_fleet(args.nodes, busy_share=args.busy, seed=args.seed)
     free = sum(gpu.free for n in fleet for gpu in n.gpus)
     print(
         f"fleet: {args.nodes} nodes x 8 GPUs = {8 * args.nodes} GPUs, {len(running)} running "
-        f"allocations, {free} GPUs free; Python {sys.version.split()[0]}"
+        f"allocations, {free} GPUs free; queue window {args.window} jobs, at least "
+        f"{args.depth} per user; Python {sys.version.split()[0]}"
     )
+    snaps = {}
+    for size in sorted(args.queued):
+        queue, weights, usage = build_queue(size, args.seed)
+        snaps[size] = windowed_snapshot(fleet, queue, running, config, weights, usage)
+        del queue  # the dispatcher holds only what it read
+    full = [
+        node(f"f{i:05d}", "H100" if i < args.nodes * 0.4 else "A100") for i in range(args.nodes)
+    ]
+    held = [allocation(f"full-{n.name}", n, range(8), tier="free", org="fre-0000") for n in full]
+    queue, weights, usage = build_queue(max(args.queued), args.seed)
+    for queued in queue:
+        queued.submitted_at = NOW  # nobody has waited long enough to preempt yet
+    snaps["full"] = windowed_snapshot(full, queue, held, config, weights, usage)
+    del queue
+
+    timings = time_rounds(snaps, args.repeat)
     print(
-        f"{'queued':>8} {'place':>6} {'preempt':>7} {'reserve':>7} {'round ms':>9} "
+        f"{'queued':>8} {'listed':>7} {'place':>6} {'preempt':>7} {'reserve':>7} {'round ms':>9} "
         f"{'decisions/s':>11} {'best':>7} {'µs/decision':>11} {'read ms':>8} "
-        f"{'µs/job read':>11} {'µs/decision after read':>23}"
+        f"{'µs/listed job read':>18} {'µs/decision after read':>23}"
     )
     rows = []
     for size in sorted(args.queued):
-        queue, weights, usage = build_queue(size, args.seed)
-        snap = snapshot(
-            fleet, queue, running, now=NOW, config=config, org_weights=weights, usage=usage
-        )
-        timing = time_round(snap, args.repeat)
+        snap, timing = snaps[size], timings[size]
         kinds = Counter(type(d).__name__ for d in timing["decisions"])
         count = max(1, len(timing["decisions"]))
         total = timing["median"]
         decide = max(0.0, total - timing["read"])
         rows.append((size, total / count, decide / count))
         print(
-            f"{size:>8,} {kinds['Place']:>6} {kinds['Preempt']:>7} {kinds['Reserve']:>7} "
+            f"{size:>8,} {len(snap.queued):>7,} {kinds['Place']:>6} {kinds['Preempt']:>7} "
+            f"{kinds['Reserve']:>7} "
             f"{total * 1e3:>9.1f} {count / total:>11,.0f} {count / timing['best']:>7,.0f} "
             f"{total / count * 1e6:>11.1f} {timing['read'] * 1e3:>8.1f} "
-            f"{timing['queue_read'] / size * 1e6:>11.2f} {decide / count * 1e6:>23.1f}"
+            f"{timing['queue_read'] / len(snap.queued) * 1e6:>18.2f} "
+            f"{decide / count * 1e6:>23.1f}"
         )
     if len(rows) > 1:
         (small, small_total, small_decide), (large, large_total, large_decide) = rows[0], rows[-1]
@@ -204,19 +267,11 @@ def main(argv=None) -> int:
             f"x{large_decide / small_decide:.2f} (after reading the snapshot); "
             f"log n grows x{math.log(large) / math.log(small):.2f}, n grows x{large / small:.0f}"
         )
-
-    full = [
-        node(f"f{i:05d}", "H100" if i < args.nodes * 0.4 else "A100") for i in range(args.nodes)
-    ]
-    held = [allocation(f"full-{n.name}", n, range(8), tier="free", org="fre-0000") for n in full]
-    queue, weights, usage = build_queue(max(args.queued), args.seed)
-    for queued in queue:
-        queued.submitted_at = NOW  # nobody has waited long enough to preempt yet
-    snap = snapshot(full, queue, held, now=NOW, config=config, org_weights=weights, usage=usage)
-    timing = time_round(snap, args.repeat)
+    timing = timings["full"]
     print(
-        f"full fleet, {max(args.queued):,} queued, nobody past a preemption threshold: "
-        f"{len(timing['decisions'])} decisions in {timing['median'] * 1e3:.1f} ms (early exit)"
+        f"full fleet, {max(args.queued):,} queued ({len(snaps['full'].queued):,} listed), nobody "
+        f"past a preemption threshold: {len(timing['decisions'])} decisions in "
+        f"{timing['median'] * 1e3:.1f} ms (early exit)"
     )
     return 0
 

@@ -230,11 +230,6 @@ GANTRY_DISPATCH_INTERVAL_S = env.float("GANTRY_DISPATCH_INTERVAL_S", default=1.0
 GANTRY_SCHEDULING_LEASE_S = env.int("GANTRY_SCHEDULING_LEASE_S", default=60)
 # An attempt still unclaimed this long after placement gets its run message re-sent.
 GANTRY_REPUBLISH_AFTER_S = env.int("GANTRY_REPUBLISH_AFTER_S", default=10)
-# Queued jobs read per tick: the oldest N per user, then the oldest M per org of those, then
-# at most TOTAL taken round-robin over users (see apps/scheduler/services/snapshot.py).
-GANTRY_DISPATCH_MAX_QUEUED_PER_USER = env.int("GANTRY_DISPATCH_MAX_QUEUED_PER_USER", default=32)
-GANTRY_DISPATCH_MAX_QUEUED_PER_ORG = env.int("GANTRY_DISPATCH_MAX_QUEUED_PER_ORG", default=512)
-GANTRY_DISPATCH_MAX_QUEUED = env.int("GANTRY_DISPATCH_MAX_QUEUED", default=5000)
 # A claim on a node (GPUs freed by a preemption or drained by a reservation) for a queued
 # job is dropped if the job is not placed by then.
 GANTRY_NODE_CLAIM_TTL_S = env.int("GANTRY_NODE_CLAIM_TTL_S", default=600)
@@ -242,5 +237,6 @@ GANTRY_USAGE_HALF_LIFE_S = env.float("GANTRY_USAGE_HALF_LIFE_S", default=1800.0)
 GANTRY_DISPATCH_DECISION_RETENTION_DAYS = env.int(
     "GANTRY_DISPATCH_DECISION_RETENTION_DAYS", default=30
 )
-# Other knobs of apps.scheduler.policy.PolicyConfig, by name (e.g. {"max_reservations": 8}).
+# Other knobs of apps.scheduler.policy.PolicyConfig, by name (e.g. {"max_reservations": 8});
+# how much of the queue a tick reads is queue_window_jobs / queue_depth_per_user there.
 GANTRY_POLICY = env.json("GANTRY_POLICY", default={})

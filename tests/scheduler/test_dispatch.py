@@ -206,7 +206,7 @@ def test_snapshot_reads_the_fleet_queue_and_allocations_in_a_fixed_number_of_que
 
 
 def test_snapshot_bounds_the_jobs_it_loads_per_user(settings):
-    settings.GANTRY_DISPATCH_MAX_QUEUED_PER_USER = 3
+    settings.GANTRY_POLICY = {"queue_depth_per_user": 3, "queue_window_jobs": 0}
     NodeFactory(gpus=1)
     flooder = OrgFactory()
     project = JobFactory(org=flooder).project
@@ -223,7 +223,7 @@ def test_snapshot_bounds_the_jobs_it_loads_per_user(settings):
 
 
 def test_a_job_with_a_claim_is_loaded_however_deep_in_its_queue(settings):
-    settings.GANTRY_DISPATCH_MAX_QUEUED_PER_USER = 2
+    settings.GANTRY_POLICY = {"queue_depth_per_user": 2, "queue_window_jobs": 0}
     node = NodeFactory(gpus=1)
     org = OrgFactory()
     project = JobFactory(org=org).project

@@ -2,6 +2,7 @@
 never split a job, and never preempt what may not be preempted."""
 
 import copy
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from apps.scheduler.policy import (
     PolicyConfig,
     Preempt,
     Reserve,
+    queue_window,
     schedule,
 )
 from apps.scheduler.policy.builders import DEFAULT_GPU_TYPES, allocation, job, node, snapshot
@@ -136,3 +138,14 @@ def test_decisions_respect_the_invariants_of_the_cluster(snap):
             assert decision.job_id not in placed_jobs or any(
                 isinstance(d, Place) and d.job_id == decision.job_id for d in decisions
             )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots(), st.integers(1, 3))
+def test_the_queue_window_with_its_backlog_decides_like_the_whole_queue(snap, depth):
+    # What the dispatcher and the simulator list (each user's first jobs, the rest as
+    # backlog) leads to the very decisions the whole queue would.
+    snap.config = replace(snap.config, queue_depth_per_user=depth, queue_window_jobs=0)
+    window = queue_window(snap.queued, snap.config)
+    windowed = replace(snap, queued=window.listed, backlog=window.backlog)
+    assert schedule(windowed) == schedule(snap)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.scheduler.policy import PolicyConfig, Preempt
+from apps.scheduler.policy import PolicyConfig, Preempt, queue_window, schedule
 from apps.scheduler.simulate import (
     POLICIES,
     Simulation,
@@ -17,7 +17,7 @@ from apps.scheduler.simulate import (
     synthetic_fleet,
 )
 from apps.scheduler.simulate.__main__ import main
-from apps.scheduler.simulate.workload import JobSpec, OrgSpec, Workload, steady
+from apps.scheduler.simulate.workload import JobSpec, OrgSpec, Workload, flood, steady
 
 TRACE = Path("/work/shared/traces/alibaba-gpu-v2023.csv")
 
@@ -206,6 +206,31 @@ def test_the_engine_rejects_preempting_a_protected_job():
     )
     with pytest.raises(SimulationError, match="protected"):
         sim.run()
+
+
+def test_the_simulator_lists_the_queue_window_the_dispatcher_reads():
+    # Every tick's snapshot lists each user's first jobs (claimed ones too) oldest first,
+    # with the backlog of the rest, exactly as `queue_window` cuts the whole queue.
+    config = PolicyConfig(queue_depth_per_user=2, queue_window_jobs=0)
+    fleet = synthetic_fleet(32)
+    load = flood(fleet.gpu_types, fleet.total_gpus, 300.0, seed=4, flood_jobs=200)
+    checked = []
+
+    def checking(snapshot):
+        everything = sorted(sim.queue.values(), key=lambda job: job.submitted_at)
+        window = queue_window(everything, config)
+        assert [job.id for job in snapshot.queued] == [job.id for job in window.listed]
+        assert snapshot.backlog == window.backlog
+        left_out = len(snapshot.queued) < len(everything)
+        checked.append((left_out, any(job.claimed_node for job in snapshot.queued)))
+        return schedule(snapshot)
+
+    sim = Simulation(
+        fleet, load, checking, policy_name="fair", config=config, duration_s=300.0, queue_quota={}
+    )
+    sim.run()
+    assert any(left_out for left_out, _ in checked)
+    assert any(claims for _, claims in checked)  # claimed jobs (preempt, reserve) listed too
 
 
 def test_jain_index_is_one_for_equal_shares_and_falls_with_imbalance():

@@ -8,9 +8,10 @@ job), each with a human-readable reason for the audit trail.
     from apps.scheduler.policy import ClusterSnapshot, schedule
     decisions = schedule(snapshot)
 
-See `policy.py` for what one call does and guarantees, `fairshare.py` for the order of
-the queue, `placement.py` for gang best-fit, reservations and backfill, `preemption.py`
-for victims and entitlements, and `usage.py` for decayed usage.
+See `policy.py` for what one call does and guarantees, `window.py` for which queued jobs
+a call looks at, `fairshare.py` for the order of the queue, `placement.py` for gang
+best-fit, reservations and backfill, `preemption.py` for victims and entitlements, and
+`usage.py` for decayed usage.
 """
 
 from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig
@@ -27,12 +28,14 @@ from .snapshot import (
     NodeState,
     Place,
     Preempt,
+    QueueBacklog,
     QueuedJob,
     Reserve,
     RunningAllocation,
     UsageSnapshot,
 )
 from .usage import DecayedUsage, accrue, decay, equivalent_gpus
+from .window import QueueWindow, queue_window, window_depth
 
 __all__ = [
     "ENTERPRISE",
@@ -54,6 +57,8 @@ __all__ = [
     "PolicyConfig",
     "Pool",
     "Preempt",
+    "QueueBacklog",
+    "QueueWindow",
     "QueuedJob",
     "Reservation",
     "Reserve",
@@ -65,7 +70,9 @@ __all__ = [
     "decay",
     "equivalent_gpus",
     "is_victim_candidate",
+    "queue_window",
     "schedule",
     "water_fill",
+    "window_depth",
     "work_lost_gpu_seconds",
 ]

@@ -19,6 +19,7 @@ from .snapshot import (
     Id,
     Node,
     NodeState,
+    QueueBacklog,
     QueuedJob,
     RunningAllocation,
     UsageSnapshot,
@@ -115,6 +116,7 @@ def snapshot(
     org_weights: Mapping[str, float] | None = None,
     usage: UsageSnapshot | None = None,
     gpu_types: Sequence[GpuType] = DEFAULT_GPU_TYPES,
+    backlog: Mapping[tuple[str, str], QueueBacklog] | None = None,
 ) -> ClusterSnapshot:
     return ClusterSnapshot(
         now=now,
@@ -125,4 +127,5 @@ def snapshot(
         org_weights=dict(org_weights or {}),
         usage=usage or UsageSnapshot(),
         config=config or PolicyConfig(),
+        backlog=dict(backlog or {}),
     )

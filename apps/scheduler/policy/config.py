@@ -15,7 +15,9 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
 - preemption after enterprise 5 s, paid 60 s of waiting; free never preempts; a job
   is preempted at most twice; a job that started or resumed less than 60 s ago is
   never a victim; at most 8 preemptions per round;
-- at most half of the nodes drain for reservations at once.
+- at most half of the nodes drain for reservations at once;
+- a round looks at 2,048 queued jobs shared max-min between users (each user's oldest
+  first), and at least each user's first 4; deeper jobs only count as demand.
 """
 
 from __future__ import annotations
@@ -95,6 +97,15 @@ class PolicyConfig:
     scan_budget: int = 500
     """Jobs examined in a row without a decision before the call stops (bounds the work
     per decision on huge queues where nothing more fits)."""
+    queue_window_jobs: int = 2048
+    """Queued jobs a round looks at, shared max-min between users: each user's first
+    `depth` jobs (FIFO), `depth` as large as keeps the total within this budget, plus any
+    job with a claim; the deeper jobs only count towards their org's demand and come into
+    view as older ones start (see `window.py`). Bounds what a round reads, whatever the
+    size of the queue, while a few users with deep queues still see far into them."""
+    queue_depth_per_user: int = 4
+    """...but never fewer than this many jobs of each user, however many users queue:
+    then a round reads users × this many jobs."""
 
     def __post_init__(self):
         for name in ("tier_weights", "tier_floors", "tier_ceilings", "preemption_wait_s"):
@@ -125,12 +136,15 @@ class PolicyConfig:
         )
         if min(agings) < 0:
             raise ValueError("aging_shares_per_hour: must be >= 0")
+        if self.queue_depth_per_user < 1:
+            raise ValueError("queue_depth_per_user: must be >= 1")
         if self.same_tier_preemption_factor < 1.0:
             raise ValueError("same_tier_preemption_factor: must be >= 1")
         for name in (
             "max_preemptions_per_job",
             "max_preemptions_per_tick",
             "scan_budget",
+            "queue_window_jobs",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0")

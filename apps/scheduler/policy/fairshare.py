@@ -32,13 +32,15 @@ lists jobs oldest first, as a database `ORDER BY` would).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 from .config import TIER_RANK, TIERS, PolicyConfig
-from .snapshot import QueuedJob, UsageSnapshot
+from .snapshot import Id, QueueBacklog, QueuedJob, RunningAllocation, UsageSnapshot
 from .usage import equivalent_gpus
+from .window import window_depth
 
 
 @dataclass(slots=True)
@@ -49,6 +51,23 @@ class RunningGpus:
     by_org: dict[str, int] = field(default_factory=dict)
     by_user: dict[tuple[str, str], int] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, allocations: Iterable[RunningAllocation]) -> RunningGpus:
+        """GPUs held by the allocations that are not stopping."""
+        by_tier: dict[str, int] = {}
+        by_org: dict[str, int] = {}
+        by_user: dict[tuple[str, str], int] = {}
+        for allocation in allocations:
+            if allocation.stopping:
+                continue
+            gpus = len(allocation.gpu_ids)
+            tier, org = allocation.tier, allocation.org
+            by_tier[tier] = by_tier.get(tier, 0) + gpus
+            by_org[org] = by_org.get(org, 0) + gpus
+            key = (org, allocation.user)
+            by_user[key] = by_user.get(key, 0) + gpus
+        return cls(by_tier=by_tier, by_org=by_org, by_user=by_user)
+
     def add(self, tier: str, org: str, user: str, gpus: int) -> None:
         self.by_tier[tier] = self.by_tier.get(tier, 0) + gpus
         self.by_org[org] = self.by_org.get(org, 0) + gpus
@@ -57,28 +76,24 @@ class RunningGpus:
 
 
 class _User:
-    __slots__ = ("fair", "head", "jobs", "load", "name", "order_key", "version")
+    __slots__ = ("fair", "head", "jobs", "load", "name", "version")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, jobs: list[QueuedJob]):
         self.name = name
-        self.jobs: list[QueuedJob] = []
+        self.jobs = jobs  # FIFO; jobs[head] is the next one
         self.head = 0
         self.load = 0.0
         self.fair = 1.0
-        self.order_key: tuple = ()
         self.version = 0  # bumped on every re-key: older heap entries are stale
-
-    def head_submitted_at(self) -> float:
-        return self.jobs[self.head].submitted_at
 
 
 class _Org:
     __slots__ = (
-        "age_key",
+        "age_version",
         "fair",
         "load",
         "name",
-        "order_key",
+        "oldest",
         "users",
         "users_by_age",
         "users_by_key",
@@ -96,9 +111,9 @@ class _Org:
         self.users_by_age: list[tuple] = []
         self.load = 0.0
         self.fair = 1.0
-        self.order_key: tuple = ()
-        self.age_key: tuple = ()
-        self.version = 0
+        self.oldest = math.inf  # submission time of its users' oldest queued job
+        self.version = 0  # of its entry in its tier's heap by key
+        self.age_version = 0  # of its entry in its tier's heap by age
 
 
 class _Tier:
@@ -137,7 +152,18 @@ def _live_top(heap: list[tuple], members: dict):
     return None
 
 
-@dataclass(frozen=True, slots=True)
+def _oldest_org(tier: _Tier) -> _Org:
+    """The org of the tier with the oldest queued job (the tier must have jobs)."""
+    heap, orgs = tier.orgs_by_age, tier.orgs
+    while True:
+        entry = heap[0]
+        org = orgs.get(entry[1])
+        if org is not None and org.age_version == entry[2]:
+            return org
+        heapq.heappop(heap)
+
+
+@dataclass(slots=True)
 class Pick:
     """The job at the head of the fair-share order and why it is there."""
 
@@ -172,7 +198,14 @@ class FairShareQueue:
         usage: UsageSnapshot,
         running: RunningGpus,
         now: float,
+        backlog: Mapping[tuple[str, str], QueueBacklog] | None = None,
+        exclude: Collection[Id] = (),
     ):
+        """`jobs`: the snapshot's queued jobs. Of each user only the first
+        `window_depth` (FIFO) and those with a claim are offered; the
+        deeper ones, like `backlog` (the snapshot's unlisted jobs), only count towards
+        their org's demand (`queued_gpus_by_org`). `exclude`: ids of jobs that sit this
+        round out (they still take their place in the window, as in the snapshot)."""
         self._config = config
         self._capacity = max(1, capacity_gpus)
         self._now = now
@@ -187,62 +220,142 @@ class FairShareQueue:
         self._pick: Pick | None = None
         self._path: tuple[_Tier, _Org, _User] | None = None
 
-        # One pass: group by tier → org → user (nested dicts: no key tuple per job); then
-        # FIFO-sort each user's jobs (linear when the snapshot lists jobs oldest first).
-        grouped: dict[str, dict[str, dict[str, list[QueuedJob]]]] = {}
+        # One pass: group by user name (one lookup per job; a name shared by users of
+        # different orgs or tiers is split below), then nest tier → org → user.
+        by_user: dict[str, list[QueuedJob]] = {}
+        get_user = by_user.get
         for job in jobs:
-            try:
-                grouped[job.tier][job.org][job.user].append(job)
-            except KeyError:
-                grouped.setdefault(job.tier, {}).setdefault(job.org, {}).setdefault(
-                    job.user, []
-                ).append(job)
-        # GPUs asked for by the queued jobs of each (tier, org): demand for entitlements.
+            group = get_user(job.user)
+            if group is None:
+                by_user[job.user] = [job]
+            else:
+                group.append(job)
+        grouped: dict[str, dict[str, dict[str, list[QueuedJob]]]] = {}
+        for user_name, group in by_user.items():
+            first = group[0]
+            if len(group) > 1 and _mixed(group, first.tier, first.org):
+                parts: dict[tuple[str, str], list[QueuedJob]] = {}
+                for job in group:
+                    parts.setdefault((job.tier, job.org), []).append(job)
+                for (tier_name, org_name), part in parts.items():
+                    grouped.setdefault(tier_name, {}).setdefault(org_name, {})[user_name] = part
+                continue
+            orgs = grouped.get(first.tier)
+            if orgs is None:
+                orgs = grouped[first.tier] = {}
+            users = orgs.get(first.org)
+            if users is None:
+                orgs[first.org] = {user_name: group}
+            else:
+                users[user_name] = group
+        depth = window_depth(
+            (
+                len(group)
+                for orgs in grouped.values()
+                for users in orgs.values()
+                for group in users.values()
+            ),
+            config,
+        )
+        backlog = backlog or {}
+        # GPUs asked for by the queued jobs of each (tier, org), listed or not: demand
+        # for entitlements.
         self.queued_gpus_by_org: dict[tuple[str, str], int] = {}
+        # Per tier, the oldest offered job without a claim (sitting-out jobs included:
+        # they all have one).
+        self.oldest_unclaimed: dict[str, float] = {}
+        for key, unlisted in backlog.items():
+            if unlisted.gpus:
+                self.queued_gpus_by_org[key] = unlisted.gpus
+
+        blend, past_weight = self._blend, 1.0 - self._blend
+        ln2, half_life = math.log(2), self._half_life  # `equivalent_gpus`, inlined
+        usage_by_user, running_by_user = usage.by_user, running.by_user
+        aging, now = self._aging, now
         for tier_name, orgs in grouped.items():
             if tier_name not in TIER_RANK:
                 raise ValueError(f"unknown tier {tier_name!r}")
-            tier = self._tiers[tier_name] = _Tier(tier_name, config.tier_weights[tier_name])
+            tier = _Tier(tier_name, config.tier_weights[tier_name])
+            oldest_unclaimed = math.inf
             for org_name, users in orgs.items():
                 weight = float(org_weights.get(org_name, 1.0))
                 if not weight > 0:
                     raise ValueError(f"org {org_name!r}: fair-share weight must be positive")
-                org = tier.orgs[org_name] = _Org(org_name, weight)
-                gpus = 0
+                org = _Org(org_name, weight)
+                gpus = self.queued_gpus_by_org.get((tier_name, org_name), 0)
                 for user_name, group in users.items():
                     if len(group) > 1:
+                        # FIFO; stable: ties keep snapshot order (linear when listed
+                        # oldest first, as the dispatcher and the simulator do).
                         group.sort(key=_FIFO_ORDER)
+                        if len(group) > depth:
+                            deeper = group[depth:]
+                            del group[depth:]
+                            for job in deeper:
+                                if job.claimed_node is None:
+                                    gpus += job.gpu_count
+                                else:
+                                    group.append(job)  # younger than the rest: FIFO kept
+                    for job in group:
+                        if job.claimed_node is None:
+                            if job.submitted_at < oldest_unclaimed:
+                                oldest_unclaimed = job.submitted_at
+                            break
+                    if exclude:
+                        group = [job for job in group if job.id not in exclude]
+                        if not group:
+                            continue
                     gpus += sum(map(_GPU_COUNT, group))
-                    user = org.users[user_name] = _User(user_name)
-                    user.jobs = group
+                    org.users[user_name] = _User(user_name, group)
                     tier.queued += len(group)
                 self.queued_gpus_by_org[(tier_name, org_name)] = gpus
-            self._size += tier.queued
+                if org.users:
+                    tier.orgs[org_name] = org
+            if tier.queued:
+                self._tiers[tier_name] = tier
+                self._size += tier.queued
+            if oldest_unclaimed < math.inf:
+                self.oldest_unclaimed[tier_name] = oldest_unclaimed
 
         tier_weight_total = sum(t.weight for t in self._tiers.values())
         for tier in self._tiers.values():
             tier.fair = self._capacity * tier.weight / tier_weight_total
             tier.load = self._load(running.by_tier.get(tier.name, 0), usage.by_tier, tier.name)
             org_weight_total = sum(o.weight for o in tier.orgs.values())
+            orgs_by_key, orgs_by_age = tier.orgs_by_key, tier.orgs_by_age
             for org in tier.orgs.values():
+                org_name = org.name
                 org.fair = tier.fair * org.weight / org_weight_total
-                org.load = self._load(running.by_org.get(org.name, 0), usage.by_org, org.name)
+                org.load = self._load(running.by_org.get(org_name, 0), usage.by_org, org_name)
                 user_fair = org.fair / len(org.users)
-                for user in org.users.values():
+                users_by_key, users_by_age = org.users_by_key, org.users_by_age
+                oldest = math.inf
+                for user_name, user in org.users.items():
                     user.fair = user_fair
-                    key = (org.name, user.name)
-                    user.load = self._load(running.by_user.get(key, 0), usage.by_user, key)
-                    user.order_key = self._user_key(user)
-                    org.users_by_key.append((*user.order_key, user.name, 0))
-                    org.users_by_age.append((user.head_submitted_at(), user.name, 0))
-                heapq.heapify(org.users_by_key)
-                heapq.heapify(org.users_by_age)
-                org.age_key = (org.users_by_age[0][0], org.name)
-                org.order_key = self._org_key(org)
-                tier.orgs_by_key.append((*org.order_key, org.name, 0))
-                tier.orgs_by_age.append((*org.age_key, 0))
-            heapq.heapify(tier.orgs_by_key)
-            heapq.heapify(tier.orgs_by_age)
+                    key = (org_name, user_name)
+                    user.load = load = blend * running_by_user.get(key, 0) + past_weight * (
+                        usage_by_user.get(key, 0.0) * ln2 / half_life
+                    )
+                    submitted_at = user.jobs[0].submitted_at
+                    users_by_key.append(
+                        (
+                            load / user_fair - aging * (now - submitted_at),
+                            submitted_at,
+                            user_name,
+                            0,
+                        )
+                    )
+                    users_by_age.append((submitted_at, user_name, 0))
+                    if submitted_at < oldest:
+                        oldest = submitted_at
+                if len(users_by_key) > 1:
+                    heapq.heapify(users_by_key)
+                    heapq.heapify(users_by_age)
+                org.oldest = oldest
+                orgs_by_key.append((*self._org_key(org), org_name, 0))
+                orgs_by_age.append((oldest, org_name, 0))
+            heapq.heapify(orgs_by_key)
+            heapq.heapify(orgs_by_age)
 
     # -- keys --------------------------------------------------------------------------
 
@@ -253,16 +366,12 @@ class FairShareQueue:
     def _aged(self, share_ratio: float, oldest: float, rate: float) -> float:
         return share_ratio - rate * (self._now - oldest)
 
-    def _user_key(self, user: _User) -> tuple:
-        submitted_at = user.head_submitted_at()
-        return (self._aged(user.load / user.fair, submitted_at, self._aging), submitted_at)
-
     def _org_key(self, org: _Org) -> tuple:
-        oldest = org.age_key[0]
+        oldest = org.oldest
         return (self._aged(org.load / org.fair, oldest, self._aging), oldest)
 
     def _tier_key(self, tier: _Tier) -> tuple:
-        oldest = _live_top(tier.orgs_by_age, tier.orgs).age_key[0]
+        oldest = _oldest_org(tier).oldest
         below_floor = self._running_by_tier.get(tier.name, 0) < self._floor_gpus[tier.name]
         return (
             0 if below_floor else 1,
@@ -284,7 +393,7 @@ class FairShareQueue:
         entry = self._tiers.get(tier)
         if entry is None or not entry.queued:
             return None
-        return _live_top(entry.orgs_by_age, entry.orgs).age_key[0]
+        return _oldest_org(entry).oldest
 
     def heads_by_org_priority(
         self, tier: str, extra_load: Mapping[str, float], aging_shares_per_hour: float
@@ -362,36 +471,59 @@ class FairShareQueue:
         self._consume(path, placed_gpus)
 
     def _consume(self, path: tuple[_Tier, _Org, _User], placed_gpus: int) -> None:
+        # peek() found the user's and the org's live entries at the top of their heaps,
+        # so they are replaced there; only what changed is re-keyed.
         tier, org, user = path
-        tier.key = None
+        jobs, name = user.jobs, user.name
+        was_at = jobs[user.head].submitted_at
         user.head += 1
         user.version += 1
+        tier.queued -= 1
+        self._size -= 1
         if placed_gpus:
             charge = self._blend * placed_gpus
             user.load += charge
             org.load += charge
             tier.load += charge
-            self._running_by_tier[tier.name] = self._running_by_tier.get(tier.name, 0) + placed_gpus
-        if user.head < len(user.jobs):
-            user.order_key = self._user_key(user)
-            heapq.heappush(org.users_by_key, (*user.order_key, user.name, user.version))
-            heapq.heappush(org.users_by_age, (user.head_submitted_at(), user.name, user.version))
+            running = self._running_by_tier
+            running[tier.name] = running.get(tier.name, 0) + placed_gpus
+            tier.key = None
+        if user.head < len(jobs):
+            at = jobs[user.head].submitted_at
+            key = user.load / user.fair - self._aging * (self._now - at)
+            heapq.heapreplace(org.users_by_key, (key, at, name, user.version))
+            heapq.heappush(org.users_by_age, (at, name, user.version))
         else:
-            del org.users[user.name]
+            heapq.heappop(org.users_by_key)
+            del org.users[name]
             user.jobs = []
-
-        org.version += 1
-        if org.users:
-            oldest = _live_top(org.users_by_age, org.users)
-            org.age_key = (oldest.head_submitted_at(), org.name)
-            org.order_key = self._org_key(org)
-            heapq.heappush(tier.orgs_by_key, (*org.order_key, org.name, org.version))
-            heapq.heappush(tier.orgs_by_age, (*org.age_key, org.version))
-        else:
-            del tier.orgs[org.name]
-        tier.queued -= 1
-        self._size -= 1
+            if not org.users:
+                heapq.heappop(tier.orgs_by_key)
+                del tier.orgs[org.name]
+                tier.key = None
+                return
+        rekey = placed_gpus
+        if was_at <= org.oldest:  # it held the org's oldest job: the org may have aged
+            oldest_user = _live_top(org.users_by_age, org.users)
+            oldest = oldest_user.jobs[oldest_user.head].submitted_at
+            if oldest != org.oldest:
+                org.oldest = oldest
+                org.age_version += 1
+                heapq.heappush(tier.orgs_by_age, (oldest, org.name, org.age_version))
+                tier.key = None
+                rekey = True
+        if rekey:
+            org.version += 1
+            heapq.heapreplace(tier.orgs_by_key, (*self._org_key(org), org.name, org.version))
 
 
 _FIFO_ORDER = attrgetter("submitted_at")  # the sort is stable: ties keep snapshot order
 _GPU_COUNT = attrgetter("gpu_count")
+
+
+def _mixed(group: list[QueuedJob], tier: str, org: str) -> bool:
+    """Whether the jobs of one user name belong to more than one (tier, org)."""
+    for job in group:  # noqa: SIM110 (a plain loop: twice as fast as any() on a generator)
+        if job.org != org or job.tier != tier:
+            return True
+    return False

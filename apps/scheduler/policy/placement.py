@@ -141,62 +141,85 @@ class CapacityIndex:
         self._buckets: dict[str, dict[int, list[int]]] = {}
         self._max_size: dict[str, int] = {}
         self._type_order_cache: dict[tuple[tuple[str, ...], float], tuple[str, ...]] = {}
+        self._largest_pool: dict[tuple[str, ...], int] = {}  # allowed types -> GPUs
+        # (allowed types, count) -> the earliest end for which `best_fit` found nothing:
+        # capacity only shrinks within a call (until a reservation goes), and a job that
+        # ends later is admitted by fewer pools, so a later end cannot fit either.
+        self._no_fit: dict[tuple[tuple[str, ...], int], float] = {}
+        self._reserved_jobs: dict[Id, int] = {}  # job id -> reservations it holds
         self._start_heaps: dict[tuple[str, int], list[tuple[float, int]]] = {}
 
-        held: dict[Id, RunningAllocation] = {}
+        held: set[Id] = set()
         for allocation in running:
-            for gpu_id in allocation.gpu_ids:
-                held[gpu_id] = allocation
+            held.update(allocation.gpu_ids)
         pool_of_gpu: dict[Id, Pool] = {}
+        pools, pools_by_type, pool_by_node_type = self.pools, self.pools_by_type, {}
         for node in nodes:
             if node.state != NodeState.ACTIVE:
                 continue
             node_pools: dict[str, Pool] = {}
-            out_of_order = False
             for gpu in node.gpus:
-                pool = node_pools.get(gpu.type)
+                gpu_type = gpu.type
+                pool = node_pools.get(gpu_type)
                 if pool is None:
-                    pool = node_pools[gpu.type] = Pool(len(self.pools), node.name, gpu.type)
-                    self.pools.append(pool)
-                    self.pools_by_type.setdefault(gpu.type, []).append(pool)
-                    self.pool_by_node_type[(node.name, gpu.type)] = pool
+                    pool = node_pools[gpu_type] = Pool(len(pools), node.name, gpu_type)
+                    pools.append(pool)
+                    pools_by_type.setdefault(gpu_type, []).append(pool)
+                    pool_by_node_type[(node.name, gpu_type)] = pool
                 pool.size += 1
-                pool_of_gpu[gpu.id] = pool
-                if gpu.id in held:
+                gpu_id = gpu.id
+                pool_of_gpu[gpu_id] = pool
+                if gpu_id in held:
                     continue
                 if gpu.free:
-                    if pool.free_ids and gpu.index < pool.free_ids[-1][0]:
-                        out_of_order = True
-                    pool.free_ids.append((gpu.index, gpu.id))
+                    pool.free_ids.append((gpu.index, gpu_id))
                 else:
                     pool.ends.append(_NEVER)  # busy, but we do not know until when
             for pool in node_pools.values():
-                if out_of_order:
-                    pool.free_ids.sort(key=_by_first)
-                pool.free_ids = [gpu_id for _, gpu_id in pool.free_ids]
+                free_ids = pool.free_ids
+                if len(free_ids) > 1:
+                    free_ids.sort(key=_by_first)  # lowest device index first
+                pool.free_ids = [gpu_id for _, gpu_id in free_ids]
+        self.pool_by_node_type = pool_by_node_type
         self.total_gpus = len(pool_of_gpu)
-        self.node_count = len({pool.node for pool in self.pools})
+        self.node_count = len({pool.node for pool in pools})
 
+        get_pool = pool_of_gpu.get
         for allocation in running:
-            end = now + stop_delay_s if allocation.stopping else max(now, allocation.expected_end)
-            seen: set[int] = set()
+            stopping = allocation.stopping
+            end = now + stop_delay_s if stopping else max(now, allocation.expected_end)
             for gpu_id in allocation.gpu_ids:
-                pool = pool_of_gpu.get(gpu_id)
+                pool = get_pool(gpu_id)
                 if pool is None:
                     continue  # on a draining/down node: not part of what we schedule
                 pool.ends.append(end)
-                if pool.ordinal not in seen:
-                    seen.add(pool.ordinal)
-                    pool.allocations.append(allocation)
-                    if allocation.stopping:
+                attached = pool.allocations
+                if not attached or attached[-1] is not allocation:
+                    attached.append(allocation)
+                    if stopping:
                         pool.preemption_locked = True
-        for pool in self.pools:
+        buckets, max_size, free_gpus = self._buckets, self._max_size, 0
+        for pool in pools:
+            gpu_type = pool.gpu_type
             pool._ends_sorted = False
-            pool.latest_end = max(pool.ends, default=now)
-            self._max_size[pool.gpu_type] = max(self._max_size.get(pool.gpu_type, 0), pool.size)
-            if pool.free:
-                self._bucket(pool.gpu_type, pool.free).append(pool.ordinal)  # ordinals ascend
-                self.free_gpus += pool.free
+            if pool.ends:
+                pool.latest_end = max(pool.ends)
+            else:
+                pool.latest_end = now
+            if pool.size > max_size.get(gpu_type, 0):
+                max_size[gpu_type] = pool.size
+            free = len(pool.free_ids)
+            if free:
+                by_free = buckets.get(gpu_type)
+                if by_free is None:
+                    by_free = buckets[gpu_type] = {}
+                bucket = by_free.get(free)
+                if bucket is None:
+                    by_free[free] = [pool.ordinal]
+                else:
+                    bucket.append(pool.ordinal)  # ordinals ascend
+                free_gpus += free
+        self.free_gpus = free_gpus
 
     def _bucket(self, gpu_type: str, free: int) -> list[int]:
         buckets = self._buckets.setdefault(gpu_type, {})
@@ -234,7 +257,12 @@ class CapacityIndex:
 
     def could_ever_fit(self, types: tuple[str, ...], count: int) -> bool:
         """Whether some active pool of these types is big enough, free or not."""
-        return any(self._max_size.get(t, 0) >= count for t in types)
+        largest = self._largest_pool.get(types)
+        if largest is None:
+            largest = self._largest_pool[types] = max(
+                (self._max_size.get(t, 0) for t in types), default=0
+            )
+        return count <= largest
 
     def has_room(self, types: tuple[str, ...], count: int) -> bool:
         """Whether some pool of these types has `count` free GPUs (reservations aside)."""
@@ -265,7 +293,23 @@ class CapacityIndex:
         frees up whole, instead of being kept busy by one straggler. Honours every
         reservation except the job's own. At most `BUCKET_VISITS` pools are looked at
         per free count, so the cost per placement does not depend on the fleet size.
-        Deterministic (lowest ordinal on ties)."""
+        Deterministic (lowest ordinal on ties). A failure is remembered until a
+        reservation is released, so jobs of the same shape that end no earlier fail in
+        O(1) (a job holding a reservation always searches)."""
+        key = (types, count)
+        cacheable = job_id is None or job_id not in self._reserved_jobs
+        if cacheable:
+            failed_end = self._no_fit.get(key)
+            if failed_end is not None and end >= failed_end:
+                return None
+        pool = self._best_fit(types, count, end, job_id)
+        if pool is None and cacheable:
+            failed_end = self._no_fit.get(key)
+            if failed_end is None or end < failed_end:
+                self._no_fit[key] = end
+        return pool
+
+    def _best_fit(self, types: tuple[str, ...], count: int, end: float, job_id: Id | None):
         for gpu_type in types:
             buckets = self._buckets.get(gpu_type)
             if not buckets:
@@ -314,7 +358,7 @@ class CapacityIndex:
         reservation = pool.reservation
         if reservation is not None:
             if reservation.job_id == job_id:
-                pool.reservation = None  # fulfilled
+                self._forget(reservation)  # fulfilled
             elif end > reservation.start:
                 reservation.surplus = max(0, reservation.surplus - count)
         return taken
@@ -374,13 +418,24 @@ class CapacityIndex:
             claim=claim,
             pool_ordinal=pool.ordinal,
         )
+        replaced = pool.reservation
+        if replaced is not None:
+            self._forget(replaced)
         pool.reservation = reservation
+        self._reserved_jobs[job.id] = self._reserved_jobs.get(job.id, 0) + 1
         return reservation
 
     def release(self, reservation: Reservation) -> None:
-        pool = self.pools[reservation.pool_ordinal]
-        if pool.reservation is reservation:
-            pool.reservation = None
+        if self.pools[reservation.pool_ordinal].reservation is reservation:
+            self._forget(reservation)
+
+    def _forget(self, reservation: Reservation) -> None:
+        """The pool is no longer reserved: more room than before for everyone else."""
+        self.pools[reservation.pool_ordinal].reservation = None
+        held = self._reserved_jobs.pop(reservation.job_id, 0) - 1
+        if held > 0:
+            self._reserved_jobs[reservation.job_id] = held
+        self._no_fit.clear()
 
 
 def _by_first(item: tuple) -> int:

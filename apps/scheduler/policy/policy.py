@@ -1,6 +1,8 @@
 """The entry point: `schedule(snapshot) -> decisions`.
 
-One call is one dispatch round:
+One call is one dispatch round, over the queue window (`window.py`): of each user only
+the first queued jobs (FIFO) and those with a claim take part; the others only count
+towards their org's demand, with the snapshot's `backlog`.
 
 1. Claims. A job with a `claimed_node` starts there as soon as the GPUs are free, before
    anyone else: preemption claims first (GPUs a `Preempt` freed for it), then drain
@@ -34,6 +36,7 @@ only on the snapshot (deterministic).
 
 from __future__ import annotations
 
+import gc
 import math
 
 from .config import TIER_RANK, TIERS
@@ -49,8 +52,20 @@ def schedule(snapshot: ClusterSnapshot) -> list[Decision]:
 
     Pure: reads the snapshot, returns decisions in the order they were made; performs no
     I/O and keeps no state between calls (what must persist travels in the snapshot,
-    as `QueuedJob.claimed_node`)."""
-    return _DispatchRound(snapshot).run()
+    as `QueuedJob.claimed_node`).
+
+    Python's cyclic garbage collector is paused for the call (and resumed, if it was
+    on): a round allocates a great many short-lived tuples, which would make the
+    collector rescan the snapshot's tens of thousands of long-lived objects several
+    times per round; nothing the round allocates forms a reference cycle, so reference
+    counting frees it all the same."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _DispatchRound(snapshot).run()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class _DispatchRound:
@@ -66,12 +81,8 @@ class _DispatchRound:
             stop_delay_s=self.config.preemption_grace_s,
         )
         self.capacity = self.index.total_gpus
-        self.running = RunningGpus()  # held by tier/org/user, updated as the round decides
-        for allocation in snapshot.running:
-            if not allocation.stopping:
-                self.running.add(
-                    allocation.tier, allocation.org, allocation.user, allocation.gpu_count
-                )
+        # GPUs held by tier/org/user, updated as the round decides.
+        self.running = RunningGpus.of(snapshot.running)
         self.ceiling_gpus = {t: self.config.tier_ceilings[t] * self.capacity for t in TIERS}
         self.floor_gpus = {t: self.config.tier_floors[t] * self.capacity for t in TIERS}
         self.decisions: list[Decision] = []
@@ -96,18 +107,19 @@ class _DispatchRound:
         if not queued or self.capacity == 0:
             return self.decisions
         sitting_out = self._serve_claims(queued)
-        if self.index.free_gpus == 0 and not self._anyone_may_preempt(queued):
-            return self.decisions  # fleet full: nothing to place, nobody to preempt for
-        jobs = queued if not sitting_out else [j for j in queued if j.id not in sitting_out]
         self.queue = FairShareQueue(
-            jobs,
+            queued,
             capacity_gpus=self.capacity,
             config=self.config,
             org_weights=self.snapshot.org_weights,
             usage=self.snapshot.usage,
             running=self.running,
             now=self.now,
+            backlog=self.snapshot.backlog,
+            exclude=sitting_out,
         )
+        if self.index.free_gpus == 0 and not self._anyone_may_preempt():
+            return self.decisions  # fleet full: nothing to place, nobody to preempt for
         self._grant_drains()
         examined_without_decision = 0
         while examined_without_decision < self.config.scan_budget:
@@ -339,12 +351,11 @@ class _DispatchRound:
         threshold = self.config.preemption_wait_s.get(tier)
         return threshold is not None and self.now - submitted_at >= threshold
 
-    def _anyone_may_preempt(self, queued) -> bool:
+    def _anyone_may_preempt(self) -> bool:
+        """Whether some offered job without a claim has waited past its tier's threshold."""
         return any(
-            job.claimed_node is None
-            and self.preemptions_left.get(job.tier, 0) > 0
-            and self._waited_past_threshold(job.tier, job.submitted_at)
-            for job in queued
+            self.preemptions_left.get(tier, 0) > 0 and self._waited_past_threshold(tier, oldest)
+            for tier, oldest in self.queue.oldest_unclaimed.items()
         )
 
     def _tiers_that_may_preempt(self) -> list[str]:

@@ -87,6 +87,7 @@ class VictimFinder:
             protected_since = now - config.min_runtime_before_preemption_s
             cap = config.max_preemptions_per_job
             candidates = []
+            below = [0] * (len(ranks) + 1)  # GPUs of candidates of a rank below r
             for allocation in pool.allocations:
                 # `is_victim_candidate` without the rank test, which depends on the job.
                 rank = ranks.get(allocation.tier)
@@ -99,12 +100,18 @@ class VictimFinder:
                 ):
                     continue
                 gpus = len(allocation.gpu_ids)
-                candidates.append((allocation, rank, gpus, work_lost_gpu_seconds(allocation, now)))
-            candidates.sort(key=_largest_then_least_lost)
-            below = [0] * (len(ranks) + 1)
-            for _, rank, gpus, _ in candidates:
-                for above in range(rank + 1, len(below)):
-                    below[above] += gpus
+                # `work_lost_gpu_seconds`, inlined
+                since = allocation.started_at
+                checkpoint = allocation.last_checkpoint_at
+                if checkpoint is not None and checkpoint > since:
+                    since = checkpoint
+                lost = (now - since) * gpus if now > since else 0.0
+                candidates.append((allocation, rank, gpus, lost))
+                below[rank + 1] += gpus
+            if len(candidates) > 1:
+                candidates.sort(key=_largest_then_least_lost)
+            for above in range(2, len(below)):
+                below[above] += below[above - 1]
             info = self._pools[pool.ordinal] = (candidates, below)
         return info
 
@@ -137,33 +144,46 @@ class VictimFinder:
 
         # Pools that could free enough, with how many GPUs each still needs.
         pools = []
+        pool_info, pool_infos = self._pool_info, self._pools
+        below_rank = job_rank + 1 if same_tier_victim else job_rank
         for type_rank, gpu_type in enumerate(types):
             for pool in self._index.pools_by_type.get(gpu_type, ()):
                 if pool.size < count or pool.preemption_locked:
                     continue
-                if pool.reservation is not None and pool.reservation.job_id != job_id:
+                reservation = pool.reservation
+                if reservation is not None and reservation.job_id != job_id:
                     continue
-                need = count - pool.free
+                need = count - len(pool.free_ids)
                 if need <= 0:
                     continue
-                candidates, below = self._pool_info(pool)
-                if below[job_rank + 1 if same_tier_victim else job_rank] >= need:
-                    pools.append((pool, need, type_rank, candidates))
+                info = pool_infos.get(pool.ordinal) or pool_info(pool)
+                if info[1][below_rank] >= need:
+                    pools.append((pool, need, type_rank, info[0]))
 
         # Fast path: a single victim is always the fewest; take the best single one
         # (lowest tier, least work lost, least excess) without enumerating subsets.
         singles = []
+        taken = self.taken
         for pool, need, type_rank, candidates in pools:
             for candidate in candidates:  # largest first: stop at the first too small
                 allocation, rank, gpus, lost = candidate
                 if gpus < need:
                     break
+                if rank > job_rank or allocation.id in taken:
+                    continue
                 if usable(candidate):
                     key = (1, rank, rank, lost, gpus - need, type_rank, pool.ordinal)
                     singles.append((key, pool, candidate))
-        singles.sort(key=_first)
-        for key, pool, (allocation, _, gpus, lost) in singles:
-            if may_lose({allocation.tier: gpus}):
+        if singles:
+            best = min(singles, key=_first)
+            if not may_lose({best[2][0].tier: best[2][2]}):
+                singles.sort(key=_first)  # rare: the best would take a tier below its floor
+                best = next(
+                    (s for s in singles if may_lose({s[2][0].tier: s[2][2]})),
+                    None,
+                )
+            if best is not None:
+                key, pool, (allocation, _, gpus, lost) = best
                 return VictimChoice(
                     pool=pool,
                     victims=(allocation,),

@@ -95,6 +95,19 @@ class QueuedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueBacklog:
+    """Queued jobs of one (tier, org) that the snapshot does not list (see `queue_window`).
+
+    A round considers at most `PolicyConfig.queue_depth_per_user` jobs of each user; the
+    deeper ones only count towards the org's demand (its fair entitlement, which decides
+    whether it may preempt). Each user's oldest job is always listed, so the oldest job
+    of an org, which aging reads, is always among the listed ones."""
+
+    jobs: int = 0
+    gpus: int = 0  # GPUs the jobs ask for, together
+
+
+@dataclass(frozen=True, slots=True)
 class UsageSnapshot:
     """Decayed GPU-seconds as of the snapshot's `now` (see `usage.decay`)."""
 
@@ -110,9 +123,14 @@ class ClusterSnapshot:
     nodes: Sequence[Node]
     running: Sequence[RunningAllocation]
     queued: Sequence[QueuedJob]
+    """Queued jobs the round may consider: each user's first `queue_depth_per_user` in
+    FIFO order and every job with a claim (see `queue_window`). A snapshot may list more;
+    the policy then leaves the deeper ones out itself, with the same result."""
     org_weights: Mapping[str, float] = field(default_factory=dict)  # missing org: weight 1
     usage: UsageSnapshot = field(default_factory=UsageSnapshot)
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    backlog: Mapping[tuple[str, str], QueueBacklog] = field(default_factory=dict)
+    """(tier, org) -> queued jobs not listed in `queued` (beyond each user's depth)."""
 
 
 @dataclass(frozen=True, slots=True)

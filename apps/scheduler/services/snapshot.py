@@ -7,17 +7,19 @@ READ ONLY transaction, so they see one consistent state; decisions are still re-
 by their own guarded transactions when applied, so a stale snapshot can only cause a
 skipped decision, never a wrong one.
 
-Bound on the queue: the policy serves each user strictly oldest first, so in one tick a
-user's (N+1)th oldest job can start only after its N older ones; a tick places at most as
-many jobs as there are free GPUs, which in steady state is a handful. So each tick reads
-each user's oldest GANTRY_DISPATCH_MAX_QUEUED_PER_USER jobs, each org's oldest
-GANTRY_DISPATCH_MAX_QUEUED_PER_ORG of those, and at most GANTRY_DISPATCH_MAX_QUEUED in
-all, taken round-robin over users (everyone's first job before anyone's second), so no
-flood can hide another user's head. Deeper jobs come into view as the heads start. The
-windows run inside PostgreSQL (one sort there), and only the bounded rows cross the wire,
-with times as epoch floats and ids as text so decoding them is cheap. The demand the
-policy sees for an org is capped the same way, which only matters for an org whose
-visible backlog already exceeds its fair share, where the cap changes nothing.
+Bound on the queue (the policy's queue window, `apps.scheduler.policy.window`): the
+policy serves each user strictly oldest first, so in one tick a user's (N+1)th oldest job
+can start only after its N older ones. So each tick reads, of each user, only the first
+`window_depth` eligible jobs in the policy's FIFO order (2,048 jobs shared max-min
+between users, at least 4 of each), plus every job with a node claim, and
+one `GROUP BY` row per (tier, org) with the number and GPUs of all its eligible queued
+jobs, from which the jobs left out become the snapshot's `backlog` (the org's demand, for
+entitlements, stays exact). Every user's oldest job is listed, so no flood can hide
+another user's head; deeper jobs come into view as the older ones start. The window is a
+`row_number()` inside PostgreSQL (one sort there), and only the bounded rows cross the
+wire, with times as epoch floats and ids as text so decoding them is cheap. The
+simulator builds its snapshots with the same window, so both run the policy on the same
+kind of input.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
 
 from apps.accounts.models import Org
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobStatus
@@ -36,6 +37,7 @@ from apps.scheduler.models import Gpu, GpuType, Node, NodeClaim, UsageScope
 from apps.scheduler.policy import (
     ClusterSnapshot,
     PolicyConfig,
+    QueueBacklog,
     QueuedJob,
     RunningAllocation,
     UsageSnapshot,
@@ -53,7 +55,7 @@ class DispatchSnapshot:
     cluster: ClusterSnapshot
     db_now: datetime
     queue_depth: dict[str, int] = field(default_factory=dict)  # tier → all queued jobs
-    queued_loaded: int = 0
+    queued_loaded: int = 0  # jobs listed in the snapshot (the queue window)
 
 
 def policy_config() -> PolicyConfig:
@@ -86,19 +88,14 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         gpus_of = _live_assignments()
         nodes = _nodes({gpu for gpus in gpus_of.values() for gpu in gpus})
         running, held_by_owner = _running(now, gpus_of)
-        queued = _queued()
+        queued = _queued(config)
+        depth, backlog = _queue_totals(queued)
         org_ids = {job.org for job in queued} | {a.org for a in running}
         org_weights = {
             str(pk): weight
             for pk, weight in Org.objects.filter(pk__in=org_ids).values_list("pk", "weight")
         }
         usage = _usage(db_now, held_by_owner, config)
-        depth = dict(
-            Job.objects.filter(status=JobStatus.QUEUED)
-            .order_by()
-            .values_list("tier")
-            .annotate(n=Count("id"))
-        )
     cluster = ClusterSnapshot(
         now=now,
         gpu_types=gpu_types,
@@ -108,6 +105,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         org_weights=org_weights,
         usage=usage,
         config=config,
+        backlog=backlog,
     )
     return DispatchSnapshot(
         cluster=cluster, db_now=db_now, queue_depth=depth, queued_loaded=len(queued)
@@ -216,29 +214,35 @@ def _running(now: float, gpus_of: dict[str, list[int]]):
     return running, held_by_owner
 
 
-# Each user's oldest N (by queue order), then each org's oldest M of those, then at most
-# `total` rows taken round-robin over users (every user's 1st job, then every 2nd, ...),
-# so a huge queue can hide neither a small org's head nor a new user's. Claimed jobs are
-# always offered. Times come back as epoch floats: cheap to read, one clock.
+# The queue window (`apps.scheduler.policy.window`): each user's first `depth` eligible
+# jobs in the policy's FIFO order (a preempted job keeps its place: it has waited since it
+# was submitted), plus every job with a claim; `depth` is `window_depth`: the largest
+# that keeps sum(min(user's jobs, depth)) within the window, and at least `per_user`.
+# Times come back as epoch floats: cheap to read, one clock.
 QUEUED_SQL = """
-WITH per_user AS (
-    SELECT id, tier, org_id, user_id, queued_at, created_at, gpu_count, max_runtime_s,
-           gpu_types, min_gpu_memory_gb, preemptible, preemption_count,
-           row_number() OVER (PARTITION BY org_id, user_id
-                              ORDER BY queued_at, id) AS user_position
+WITH eligible AS (
+    SELECT id, org_id, user_id,
+           CASE WHEN preemption_count > 0 THEN created_at ELSE queued_at END AS submitted
     FROM {job}
     WHERE status = 'queued' AND (not_before IS NULL OR not_before <= now())
-), per_org AS (
-    SELECT *, row_number() OVER (PARTITION BY org_id ORDER BY queued_at, id) AS org_position
-    FROM per_user WHERE user_position <= %(per_user)s
+), ranked AS (
+    SELECT id, row_number() OVER (PARTITION BY org_id, user_id
+                                  ORDER BY submitted, id) AS position
+    FROM eligible
+), levels AS (
+    -- users with at least `position` jobs, per position
+    SELECT position, count(*) AS users FROM ranked GROUP BY position
+), window_depth AS (
+    -- the deepest level whose jobs, with all shallower ones, fit in the window
+    SELECT greatest(%(per_user)s, coalesce(max(position), 0)) AS depth
+    FROM (SELECT position, sum(users) OVER (ORDER BY position) AS listed FROM levels) l
+    WHERE listed <= %(window)s
 ), offered AS (
-    (SELECT id FROM per_org WHERE org_position <= %(per_org)s
-     ORDER BY user_position, queued_at, id LIMIT %(total)s)
+    SELECT r.id FROM ranked r, window_depth w WHERE r.position <= w.depth
     UNION
     SELECT job_id FROM {claim}
 )
 SELECT j.id::text, j.tier, j.org_id::text, COALESCE(j.user_id::text, ''),
-       -- a preempted job keeps its place: it has waited since it was submitted
        extract(epoch FROM CASE WHEN j.preemption_count > 0 THEN j.created_at
                                ELSE j.queued_at END)::float8,
        j.gpu_count, j.max_runtime_s, j.gpu_types, j.min_gpu_memory_gb, j.preemptible,
@@ -248,19 +252,26 @@ JOIN {job} j ON j.id = o.id
 LEFT JOIN {claim} c ON c.job_id = j.id
 LEFT JOIN {node} n ON n.id = c.node_id
 WHERE j.status = 'queued' AND (j.not_before IS NULL OR j.not_before <= now())
-ORDER BY j.queued_at, j.id
+ORDER BY CASE WHEN j.preemption_count > 0 THEN j.created_at ELSE j.queued_at END, j.id
+"""
+
+# Every queued job, per (tier, org): all of them (the queue-depth gauge), and those
+# eligible now with the GPUs they ask for (the org's demand, listed or not).
+QUEUE_TOTALS_SQL = """
+SELECT tier, org_id::text, count(*),
+       count(*) FILTER (WHERE not_before IS NULL OR not_before <= now()),
+       COALESCE(sum(gpu_count) FILTER (WHERE not_before IS NULL OR not_before <= now()), 0)
+FROM {job}
+WHERE status = 'queued'
+GROUP BY tier, org_id
 """
 
 
-def _queued() -> list[QueuedJob]:
+def _queued(config: PolicyConfig) -> list[QueuedJob]:
     sql = QUEUED_SQL.format(
         job=Job._meta.db_table, claim=NodeClaim._meta.db_table, node=Node._meta.db_table
     )
-    params = {
-        "per_user": settings.GANTRY_DISPATCH_MAX_QUEUED_PER_USER,
-        "per_org": settings.GANTRY_DISPATCH_MAX_QUEUED_PER_ORG,
-        "total": settings.GANTRY_DISPATCH_MAX_QUEUED,
-    }
+    params = {"per_user": config.queue_depth_per_user, "window": config.queue_window_jobs}
     return [
         QueuedJob(
             id=job_id,
@@ -291,6 +302,27 @@ def _queued() -> list[QueuedJob]:
             claimed_node,
         ) in _rows(sql, params)
     ]
+
+
+def _queue_totals(
+    listed: list[QueuedJob],
+) -> tuple[dict[str, int], dict[tuple[str, str], QueueBacklog]]:
+    """(tier → all queued jobs, (tier, org) → the eligible jobs `listed` leaves out)."""
+    shown: dict[tuple[str, str], list[int]] = {}
+    for job in listed:
+        counts = shown.setdefault((job.tier, job.org), [0, 0])
+        counts[0] += 1
+        counts[1] += job.gpu_count
+    depth: dict[str, int] = {}
+    backlog: dict[tuple[str, str], QueueBacklog] = {}
+    for tier, org, queued, eligible, gpus in _rows(QUEUE_TOTALS_SQL.format(job=Job._meta.db_table)):
+        depth[tier] = depth.get(tier, 0) + queued
+        jobs_shown, gpus_shown = shown.get((tier, org), (0, 0))
+        if eligible > jobs_shown:
+            backlog[(tier, org)] = QueueBacklog(
+                jobs=eligible - jobs_shown, gpus=int(gpus) - gpus_shown
+            )
+    return depth, backlog
 
 
 def _usage(db_now: datetime, held_by_owner, config: PolicyConfig) -> UsageSnapshot:

@@ -17,15 +17,21 @@ Model:
   and resumes from its checkpoint;
 - the job a `Preempt` or `Reserve` is for gets `claimed_node` set, as the dispatcher
   would (and loses it when placed, since it leaves the queue);
+- the snapshot lists the queue as the dispatcher reads it from PostgreSQL: each user's
+  first `window_depth` jobs in FIFO order plus every job with a claim, the others
+  summed per (tier, org) as `backlog` (see `policy/window.py`); the engine keeps each
+  user's queue sorted, so a snapshot costs O(listed jobs), not O(queue);
 - admission control: a user may hold at most `queue_quota[tier]` queued jobs (None =
   unlimited); submissions beyond are rejected (the API's 429 "over quota") and counted.
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import math
+import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,10 +47,12 @@ from apps.scheduler.policy import (
     Place,
     PolicyConfig,
     Preempt,
+    QueueBacklog,
     QueuedJob,
     Reserve,
     RunningAllocation,
 )
+from apps.scheduler.policy.window import window_depth
 
 from .fleet import FleetModel
 from .workload import JobSpec, Workload
@@ -54,6 +62,7 @@ PolicyFunction = Callable[[ClusterSnapshot], list[Decision]]
 DEFAULT_QUEUE_QUOTA: dict[str, int | None] = {"free": 1, "paid": 8, "enterprise": None}
 
 _FINISH, _STOP = 0, 1
+_ENTRY_ORDER = operator.itemgetter(0, 1)  # (submitted_at, sequence): never the job itself
 
 
 class SimulationError(AssertionError):
@@ -81,6 +90,7 @@ class _JobState:
     record: JobRecord
     done_work: float = 0.0  # progress saved by checkpoints (resume point)
     queued: QueuedJob | None = None
+    queue_entry: tuple | None = None  # (submitted_at, sequence, job) in its user's queue
 
 
 @dataclass(slots=True)
@@ -157,6 +167,12 @@ class Simulation:
 
         self.jobs: dict[str, _JobState] = {}
         self.queue: dict[str, QueuedJob] = {}  # job id -> what the policy sees
+        # Each user's queued jobs in FIFO order: (submitted_at, sequence, job), as the
+        # dispatcher's query orders them (ties in the order they were queued).
+        self.user_queues: dict[tuple[str, str, str], list[tuple]] = {}
+        self.claimed: dict[str, _JobState] = {}  # queued jobs with a claimed node
+        self.queued_totals: dict[tuple[str, str], list[int]] = {}  # (tier, org) -> [jobs, GPUs]
+        self._queue_seq = 0
         self.allocations: dict[str, _Allocation] = {}
         self.events: list[tuple[float, int, int, str]] = []
         self._seq = 0
@@ -283,6 +299,7 @@ class Simulation:
     # -- the policy's view -------------------------------------------------------------
 
     def _snapshot(self, now: float) -> ClusterSnapshot:
+        queued, backlog = self._queue_window()
         running = []
         for allocation in self.allocations.values():
             record = allocation.record
@@ -296,11 +313,42 @@ class Simulation:
             gpu_types=self.fleet.gpu_types,
             nodes=self.nodes,
             running=running,
-            queued=list(self.queue.values()),
+            queued=queued,
             org_weights=self.workload.org_weights,
             usage=self.usage.snapshot(now),
             config=self.config,
+            backlog=backlog,
         )
+
+    def _queue_window(self) -> tuple[list[QueuedJob], dict[tuple[str, str], QueueBacklog]]:
+        """What the dispatcher's query returns: each user's first `window_depth` jobs and
+        every claimed job, oldest first, and the backlog of the others."""
+        depth = window_depth(map(len, self.user_queues.values()), self.config)
+        entries = []
+        for user_queue in self.user_queues.values():
+            entries.extend(user_queue[:depth])
+        for state in self.claimed.values():
+            user_queue = self.user_queues[(state.spec.tier, state.spec.org, state.spec.user)]
+            if bisect.bisect_left(user_queue, state.queue_entry[:2]) >= depth:
+                entries.append(state.queue_entry)
+        entries.sort(key=_ENTRY_ORDER)
+        listed: dict[tuple[str, str], list[int]] = {}
+        queued = []
+        for entry in entries:
+            job = entry[2]
+            queued.append(job)
+            counts = listed.get((job.tier, job.org))
+            if counts is None:
+                listed[(job.tier, job.org)] = [1, job.gpu_count]
+            else:
+                counts[0] += 1
+                counts[1] += job.gpu_count
+        backlog = {}
+        for key, (jobs, gpus) in self.queued_totals.items():
+            shown = listed.get(key, (0, 0))
+            if jobs > shown[0]:
+                backlog[key] = QueueBacklog(jobs=jobs - shown[0], gpus=gpus - shown[1])
+        return queued, backlog
 
     # -- job lifecycle -----------------------------------------------------------------
 
@@ -336,6 +384,18 @@ class Simulation:
         key = (spec.org, spec.user)
         self.queued_by_user[key] = self.queued_by_user.get(key, 0) + 1
         self.queued_by_org[spec.org] = self.queued_by_org.get(spec.org, 0) + 1
+        self._queue_seq += 1
+        state.queue_entry = (spec.submit_at, self._queue_seq, state.queued)
+        user_queue = self.user_queues.setdefault((spec.tier, spec.org, spec.user), [])
+        if not user_queue or user_queue[-1][:2] < state.queue_entry[:2]:
+            user_queue.append(state.queue_entry)
+        else:  # a preempted job goes back to its original place
+            user_queue.insert(
+                bisect.bisect_left(user_queue, state.queue_entry[:2]), state.queue_entry
+            )
+        totals = self.queued_totals.setdefault((spec.tier, spec.org), [0, 0])
+        totals[0] += 1
+        totals[1] += spec.gpu_count
 
     def _dequeue(self, state: _JobState) -> None:
         spec = state.spec
@@ -343,6 +403,16 @@ class Simulation:
         state.queued = None
         self.queued_by_user[(spec.org, spec.user)] -= 1
         self.queued_by_org[spec.org] -= 1
+        key = (spec.tier, spec.org, spec.user)
+        user_queue = self.user_queues[key]
+        del user_queue[bisect.bisect_left(user_queue, state.queue_entry[:2])]
+        if not user_queue:
+            del self.user_queues[key]
+        state.queue_entry = None
+        self.claimed.pop(spec.id, None)
+        totals = self.queued_totals[(spec.tier, spec.org)]
+        totals[0] -= 1
+        totals[1] -= spec.gpu_count
 
     def _release(self, allocation: _Allocation, at: float) -> None:
         del self.allocations[allocation.record.id]
@@ -477,6 +547,7 @@ class Simulation:
                 self.preemptions += 1
             self._push(now + self.stop_delay, _STOP, allocation_id)
         claimant.queued.claimed_node = decision.node
+        self.claimed[claimant.spec.id] = claimant
 
     def _apply_reserve(self, decision: Reserve) -> None:
         state = self.jobs.get(decision.job_id)
@@ -486,6 +557,7 @@ class Simulation:
         if node is None or node.state != "active":
             raise SimulationError(f"{decision}: node is not active")
         state.queued.claimed_node = decision.node
+        self.claimed[state.spec.id] = state
 
     def _push(self, at: float, kind: int, allocation_id: str) -> None:
         self._seq += 1

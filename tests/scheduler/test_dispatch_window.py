@@ -1,0 +1,113 @@
+"""The dispatcher reads the policy's queue window from PostgreSQL: each user's first jobs
+and, per (tier, org), the backlog of the rest."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.accounts.models import Tier
+from apps.jobs.models import Job, JobStatus
+from apps.scheduler.policy import PolicyConfig, QueueBacklog, queue_window, window_depth
+from apps.scheduler.services.dispatch import run_dispatch_tick
+from apps.scheduler.services.snapshot import build_snapshot
+from tests.factories import OrgFactory, ProjectFactory, UserFactory
+from tests.scheduler.factories import NodeFactory, queued_since
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def depth_2(settings):
+    settings.GANTRY_POLICY = {"queue_depth_per_user": 2, "queue_window_jobs": 0}
+
+
+def _jobs_of(user, count, *, gpus=1, waited_from=1000.0):
+    """`count` queued jobs of `user`, oldest first, a second apart."""
+    project = ProjectFactory(org=user.org)
+    return [
+        queued_since(waited_from - i, org=user.org, project=project, user=user, gpu_count=gpus)
+        for i in range(count)
+    ]
+
+
+def test_the_snapshot_lists_each_users_first_jobs_and_the_backlog_of_the_rest(depth_2):
+    paid, free = OrgFactory(), OrgFactory(tier=Tier.FREE)
+    heavy, light, loner = UserFactory(org=paid), UserFactory(org=paid), UserFactory(org=free)
+    heavy_jobs = _jobs_of(heavy, 5, gpus=2)
+    light_jobs = _jobs_of(light, 1)
+    loner_jobs = _jobs_of(loner, 3)
+    backing_off = queued_since(2000.0, org=paid, user=heavy, gpu_count=8)
+    Job.objects.filter(pk=backing_off.pk).update(not_before=timezone.now() + timedelta(hours=1))
+
+    snapshot = build_snapshot()
+
+    listed = [job.id for job in snapshot.cluster.queued]
+    expected = heavy_jobs[:2] + light_jobs + loner_jobs[:2]
+    assert sorted(listed) == sorted(str(job.pk) for job in expected)
+    assert listed == [str(job.pk) for job in sorted(expected, key=lambda j: (j.queued_at, j.pk))]
+    assert snapshot.cluster.backlog == {
+        ("paid", str(paid.pk)): QueueBacklog(jobs=3, gpus=6),  # not the job backing off
+        ("free", str(free.pk)): QueueBacklog(jobs=1, gpus=1),
+    }
+    assert snapshot.queued_loaded == 5
+    assert snapshot.queue_depth == {"paid": 7, "free": 3}  # the gauge counts every job
+
+
+def test_the_database_window_is_the_policys_window(settings):
+    settings.GANTRY_POLICY = {"queue_depth_per_user": 2, "queue_window_jobs": 12}
+    org = OrgFactory()
+    users = [UserFactory(org=org) for _ in range(3)]
+    for n, user in enumerate(users):
+        _jobs_of(user, 3 + 4 * n, gpus=1 + n)
+    _jobs_of(UserFactory(org=OrgFactory(tier=Tier.ENTERPRISE)), 2)
+
+    read = build_snapshot().cluster
+    # The whole queue, read without a window, cut by the policy's own rule.
+    whole = build_snapshot(config=PolicyConfig(queue_depth_per_user=10_000)).cluster.queued
+    window = queue_window(whole, read.config)
+
+    assert window_depth([3, 7, 11, 2], read.config) == 3
+    assert len(whole) == 3 + 7 + 11 + 2 and len(read.queued) == 3 + 3 + 3 + 2
+    assert [job.id for job in read.queued] == [job.id for job in window.listed]
+    assert read.backlog == window.backlog
+
+
+def test_a_preempted_job_keeps_its_place_in_its_users_window(settings):
+    settings.GANTRY_POLICY = {"queue_depth_per_user": 1, "queue_window_jobs": 0}
+    user = UserFactory(org=OrgFactory())
+    waiting = queued_since(100.0, org=user.org, user=user)
+    preempted = queued_since(500.0, org=user.org, user=user)  # submitted first, ...
+    Job.objects.filter(pk=preempted.pk).update(
+        preemption_count=1, queued_at=timezone.now() - timedelta(seconds=10)
+    )  # ... re-queued after it was preempted
+
+    [listed] = build_snapshot().cluster.queued
+
+    assert listed.id == str(preempted.pk)
+    assert str(waiting.pk) != listed.id
+
+
+def test_jobs_beyond_the_depth_start_once_the_earlier_ones_have(depth_2):
+    NodeFactory(gpus=4)
+    user = UserFactory(org=OrgFactory())
+    jobs = _jobs_of(user, 4)
+
+    first = run_dispatch_tick()
+    second = run_dispatch_tick()
+
+    assert (first.placed, first.queued_loaded) == (2, 2)  # 4 GPUs free, 2 jobs in view
+    assert (second.placed, second.queued_loaded) == (2, 2)
+    statuses = Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("status")
+    assert {status for (status,) in statuses} == {JobStatus.SCHEDULED}
+
+
+def test_few_users_with_queued_jobs_widen_the_window(settings):
+    settings.GANTRY_POLICY = {"queue_depth_per_user": 1, "queue_window_jobs": 4}
+    user = UserFactory(org=OrgFactory())
+    _jobs_of(user, 6)
+
+    snapshot = build_snapshot()
+
+    assert len(snapshot.cluster.queued) == 4
+    assert snapshot.cluster.backlog == {("paid", str(user.org_id)): QueueBacklog(jobs=2, gpus=2)}
