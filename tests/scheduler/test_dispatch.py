@@ -365,3 +365,21 @@ def test_a_blocked_multi_gpu_job_reserves_a_node_that_only_short_jobs_backfill(s
     reserve_rows = DispatchDecision.objects.filter(kind=DecisionKind.RESERVE, job=big)
     assert reserve_rows.count() == 1  # a repeated reservation is not written again
     assert NodeClaim.objects.get(job=big).node == node
+
+
+def test_a_retry_is_placed_away_from_the_node_its_attempt_crashed_on():
+    crashed_on = NodeFactory(gpus=2)  # the best fit for one GPU
+    elsewhere = NodeFactory(gpus=8)
+    job = JobFactory(gpu_count=1)
+    run_dispatch_tick()
+    attempt = live_attempt(job)
+    assert attempt.node == crashed_on
+
+    assert requeue_attempt(
+        attempt_id=attempt.pk, reason="the generator crashed", actor="test", exit_class="crashed"
+    )
+    run_dispatch_tick()
+
+    retry = live_attempt(job)
+    assert retry.number == 2
+    assert retry.node == elsewhere

@@ -138,3 +138,17 @@ def test_draining_and_down_nodes_receive_no_placements():
     queue = [job(f"j{i}", submitted_at=i) for i in range(5)]
     decisions = schedule(snapshot(fleet, queue))
     assert [d.node for d in decisions] == ["up"]
+
+
+def test_a_retry_goes_to_another_node_than_the_one_it_failed_on():
+    fleet = [node("failed-here", gpus=2), node("elsewhere", gpus=8)]  # best fit: failed-here
+    decisions = schedule(snapshot(fleet, [job("retry", avoid_nodes=["failed-here"])]))
+    assert places(decisions)["retry"].node == "elsewhere"
+
+
+def test_a_retry_runs_on_the_node_it_failed_on_rather_than_not_at_all():
+    fleet = [node("failed-here", gpus=2), node("busy", gpus=2)]
+    running = [allocation("other", fleet[1], range(2))]
+    queue = [job("retry", avoid_nodes=["failed-here"])]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=5.0))
+    assert places(decisions)["retry"].node == "failed-here"

@@ -52,6 +52,7 @@ def job(
     preemptible: bool = True,
     preemptions: int = 0,
     claimed_node: str | None = None,
+    avoid_nodes: Sequence[str] = (),
 ) -> QueuedJob:
     return QueuedJob(
         id=job_id,
@@ -65,6 +66,7 @@ def job(
         min_gpu_memory_gb=min_memory_gb,
         preemptible=preemptible,
         preemptions=preemptions,
+        avoid_nodes=frozenset(avoid_nodes),
         claimed_node=claimed_node,
     )
 

@@ -283,8 +283,10 @@ class CapacityIndex:
         count: int,
         end: float,
         job_id: Id | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> Pool | None:
-        """The pool for a job of `count` GPUs held until `end`.
+        """The pool for a job of `count` GPUs held until `end`; a pool on a node in
+        `avoid` (where the job failed before) only if no other pool fits.
 
         Most preferred type with room first; within it, the fewest free GPUs that still
         hold the job (best fit: large holes stay whole for multi-GPU jobs); among pools
@@ -302,14 +304,25 @@ class CapacityIndex:
             failed_end = self._no_fit.get(key)
             if failed_end is not None and end >= failed_end:
                 return None
-        pool = self._best_fit(types, count, end, job_id)
+        pool = None
+        if avoid:
+            pool = self._best_fit(types, count, end, job_id, avoid)
+        if pool is None:
+            pool = self._best_fit(types, count, end, job_id)
         if pool is None and cacheable:
             failed_end = self._no_fit.get(key)
             if failed_end is None or end < failed_end:
                 self._no_fit[key] = end
         return pool
 
-    def _best_fit(self, types: tuple[str, ...], count: int, end: float, job_id: Id | None):
+    def _best_fit(
+        self,
+        types: tuple[str, ...],
+        count: int,
+        end: float,
+        job_id: Id | None,
+        avoid: frozenset[str] = frozenset(),
+    ):
         for gpu_type in types:
             buckets = self._buckets.get(gpu_type)
             if not buckets:
@@ -324,6 +337,8 @@ class CapacityIndex:
                     if visited >= BUCKET_VISITS:
                         break  # many reserved pools here: bounded work, try larger holes
                     pool = pools[ordinal]
+                    if avoid and pool.node in avoid:
+                        continue
                     reservation = pool.reservation
                     if reservation is not None and not (
                         reservation.job_id == job_id

@@ -194,7 +194,7 @@ class _DispatchRound:
             if not self._within_ceiling(job) or not self.index.has_room(types, job.gpu_count):
                 continue
             end = self.now + job.max_runtime_s
-            room = self.index.best_fit(types, job.gpu_count, end, job.id)
+            room = self.index.best_fit(types, job.gpu_count, end, job.id, job.avoid_nodes)
             if room is not None:
                 self._place(job, room, "it was waiting for a node to drain; GPUs are free")
                 sitting_out.add(job.id)
@@ -272,7 +272,7 @@ class _DispatchRound:
         within_ceiling = self._within_ceiling(job)
         end = self.now + job.max_runtime_s
         if within_ceiling and self.index.free_gpus >= count and self.index.has_room(types, count):
-            pool = self.index.best_fit(types, count, end, job.id)
+            pool = self.index.best_fit(types, count, end, job.id, job.avoid_nodes)
             if pool is not None:
                 self._place(job, pool, pick.describe())
                 return count, True

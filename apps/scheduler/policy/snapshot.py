@@ -87,6 +87,9 @@ class QueuedJob:
     min_gpu_memory_gb: float = 0.0
     preemptible: bool = True
     preemptions: int = 0
+    avoid_nodes: frozenset[str] = frozenset()
+    """Nodes where earlier attempts of the job failed: a retry goes elsewhere when some
+    other node has room, and to one of these rather than not at all."""
     claimed_node: str | None = None
     """Node being freed for this job, by a `Preempt` (victims stopping) or a `Reserve`
     (running jobs draining). The dispatcher sets it from those decisions and clears it on

@@ -25,6 +25,7 @@ kind of input.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -246,7 +247,7 @@ SELECT j.id::text, j.tier, j.org_id::text, COALESCE(j.user_id::text, ''),
        extract(epoch FROM CASE WHEN j.preemption_count > 0 THEN j.created_at
                                ELSE j.queued_at END)::float8,
        j.gpu_count, j.max_runtime_s, j.gpu_types, j.min_gpu_memory_gb, j.preemptible,
-       j.preemption_count, n.name
+       j.preemption_count, n.name, j.attempt_count > j.preemption_count
 FROM offered o
 JOIN {job} j ON j.id = o.id
 LEFT JOIN {claim} c ON c.job_id = j.id
@@ -272,7 +273,8 @@ def _queued(config: PolicyConfig) -> list[QueuedJob]:
         job=Job._meta.db_table, claim=NodeClaim._meta.db_table, node=Node._meta.db_table
     )
     params = {"per_user": config.queue_depth_per_user, "window": config.queue_window_jobs}
-    return [
+    rows = _rows(sql, params)
+    queued = [
         QueuedJob(
             id=job_id,
             tier=tier,
@@ -300,8 +302,31 @@ def _queued(config: PolicyConfig) -> list[QueuedJob]:
             preemptible,
             preemptions,
             claimed_node,
-        ) in _rows(sql, params)
+            _retried,
+        ) in rows
     ]
+    _mark_nodes_to_avoid(queued, [row[0] for row in rows if row[-1]])
+    return queued
+
+
+def _mark_nodes_to_avoid(queued: list[QueuedJob], retried: list[str]) -> None:
+    """Give each retried job the nodes where its earlier attempts failed."""
+    from apps.jobs.services.runner import nodes_to_avoid
+
+    if not retried:
+        return
+    avoid = nodes_to_avoid(retried)
+    if not avoid:
+        return
+    names = dict(
+        Node.objects.filter(pk__in={n for nodes in avoid.values() for n in nodes}).values_list(
+            "pk", "name"
+        )
+    )
+    for job in queued:
+        nodes = avoid.get(uuid.UUID(job.id))
+        if nodes:
+            job.avoid_nodes = frozenset(names[n] for n in nodes if n in names)
 
 
 def _queue_totals(
