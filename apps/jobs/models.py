@@ -163,6 +163,12 @@ class Attempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     error_message = models.TextField(blank=True)
     checkpoint_ref = models.CharField(max_length=500, blank=True)
+    checkpointed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its worker last reported a checkpoint (database clock): a "
+        "preemption loses the work since then.",
+    )
     gpu_ms = models.BigIntegerField(default=0, help_text="GPU-milliseconds used (all its GPUs).")
     charged = models.BigIntegerField(default=0, help_text="Micro-credits captured for it.")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -383,3 +383,27 @@ def test_a_retry_is_placed_away_from_the_node_its_attempt_crashed_on():
     retry = live_attempt(job)
     assert retry.number == 2
     assert retry.node == elsewhere
+
+
+def test_preemption_stops_the_job_that_checkpointed_last_losing_the_least_work():
+    from apps.jobs.services import runner
+
+    paid_org = OrgFactory(tier=Tier.PAID)
+    NodeFactory(gpus=2)
+    NodeFactory(gpus=2)
+    unsaved = JobFactory(org=paid_org, gpu_count=2, max_runtime_s=7200)
+    saved = JobFactory(org=paid_org, gpu_count=2, max_runtime_s=7200)
+    assert run_dispatch_tick().placed == 2
+    # Without checkpoints the younger run would lose less: it would be the victim.
+    start_attempt(live_attempt(unsaved), ran_for_s=400)
+    start_attempt(live_attempt(saved), ran_for_s=600)
+    attempt = live_attempt(saved)
+    assert runner.heartbeat(attempt, gpu_ms=1, charged=0, seq=1, checkpoint="step-90")
+    attempt.refresh_from_db()
+    assert attempt.checkpointed_at is not None
+    queued_since(120, org=OrgFactory(tier=Tier.ENTERPRISE), gpu_count=2)
+
+    assert run_dispatch_tick().preempted == 1
+
+    assert Job.objects.get(pk=saved.pk).status == JobStatus.PREEMPTING
+    assert Job.objects.get(pk=unsaved.pk).status == JobStatus.RUNNING

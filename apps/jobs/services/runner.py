@@ -311,6 +311,7 @@ def heartbeat(
         }
         if checkpoint:
             updates["checkpoint_ref"] = checkpoint
+            updates["checkpointed_at"] = Now()  # preemption victims are scored by it
         alive = Attempt.objects.filter(
             pk=attempt.pk, fencing_token=attempt.fencing_token, state__in=LIVE_ATTEMPT_STATES
         ).update(**updates)

@@ -156,7 +156,8 @@ SELECT a.id::text, a.job_id::text, n.name, a.state,
        extract(epoch FROM COALESCE(a.started_at, a.created_at))::float8,
        a.started_at IS NOT NULL,
        j.tier, j.org_id::text, COALESCE(j.user_id::text, ''), j.status, j.cancel_requested,
-       j.max_runtime_s, j.preemptible, j.preemption_count
+       j.max_runtime_s, j.preemptible, j.preemption_count,
+       extract(epoch FROM a.checkpointed_at)::float8
 FROM {attempt} a
 JOIN {job} j ON j.id = a.job_id
 JOIN {node} n ON n.id = a.node_id
@@ -186,6 +187,7 @@ def _running(now: float, gpus_of: dict[str, list[int]]):
         max_runtime_s,
         preemptible,
         preemptions,
+        checkpointed,
     ) in _rows(sql):
         gpu_ids = tuple(sorted(gpus_of.get(attempt_id, ())))
         running.append(
@@ -201,7 +203,7 @@ def _running(now: float, gpus_of: dict[str, list[int]]):
                 started_at=started,
                 max_runtime_s=float(max_runtime_s),
                 preemptible=preemptible,
-                last_checkpoint_at=None,  # not tracked per attempt: assume the worst
+                last_checkpoint_at=checkpointed,  # None: all work since the start is lost
                 preemptions=preemptions,
                 stopping=(
                     state == AttemptState.STOPPING
