@@ -1,0 +1,228 @@
+"""Dispatch tick benchmark (not a test): the whole tick against PostgreSQL at scale.
+
+    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/dispatch.py
+    .venv/bin/python scripts/stack.py run -- python bench/dispatch.py   # embedded servers
+
+bench/scheduler.py times the policy alone; this times what the beat tick does around it:
+the snapshot read from PostgreSQL (fleet, live attempts, the queue window and its
+backlog), the policy, and applying the decisions (one guarded transaction each, run
+messages published on commit). It works in a scratch database it creates and drops
+(test_gantry_bench_dispatch_<pid>) and publishes to its own Redis database's queues.
+
+Setup: a fleet of --nodes nodes x 8 GPUs (40 % H100, 60 % A100), --orgs orgs of 5
+users over the three tiers, and --queued queued jobs (1-8 GPUs, submitted over the last
+hour), inserted in bulk. Then: a first tick, which fills the empty fleet (thousands of
+placements), and a second tick on the full fleet (the steady state: few or no
+decisions), each timed as snapshot / policy / apply. The queue sizes are measured in
+turn, baseline first, so the ratio shows how the read grows with the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("GANTRY_LOG_LEVEL", "WARNING")
+
+import django  # noqa: E402
+
+BENCH_DB = f"test_gantry_bench_dispatch_{os.getpid()}"
+TIERS = (("enterprise", 0.1), ("paid", 0.3), ("free", 0.6))
+
+
+def setup_django() -> None:
+    if "DATABASE_URL" not in os.environ:
+        sys.exit(
+            "Set DATABASE_URL and REDIS_URL, or run: "
+            "python scripts/stack.py run -- python bench/dispatch.py"
+        )
+    django.setup()
+    from django.db import connection
+
+    connection.settings_dict["TEST"]["NAME"] = BENCH_DB
+
+
+def build_fleet(nodes: int) -> None:
+    from apps.scheduler.fleet import parse_fleet
+    from apps.scheduler.services import load_fleet
+
+    document = {
+        "gpu_types": {
+            "H100": {"memory_gb": 80, "price_per_gpu_hour": 4_000_000},
+            "A100": {"memory_gb": 40, "price_per_gpu_hour": 2_000_000},
+        },
+        "nodes": [
+            {"name": f"n{i:05d}", "gpus": [{"type": "H100" if i < nodes * 0.4 else "A100"}] * 8}
+            for i in range(nodes)
+        ],
+    }
+    load_fleet(parse_fleet(document))
+
+
+def build_tenants(orgs: int) -> list[tuple[str, str, str, list[str]]]:
+    """(tier, org id, project id, [user ids]) of `orgs` orgs of 5 users each."""
+    from apps.accounts.models import Org, Project, User
+
+    tenants = []
+    for n in range(orgs):
+        tier = TIERS[0][0] if n < orgs * 0.1 else TIERS[1][0] if n < orgs * 0.4 else "free"
+        org = Org.objects.create(name=f"bench-{n}", tier=tier)
+        project = Project.objects.create(org=org, name="bench")
+        users = User.objects.bulk_create(User(org=org, name=f"u{u}") for u in range(5))
+        tenants.append((tier, str(org.pk), str(project.pk), [str(u.pk) for u in users]))
+    return tenants
+
+
+def queue_jobs(tenants, count: int, seed: int) -> None:
+    """`count` queued jobs, in one INSERT ... SELECT per batch (the ORM would take minutes)."""
+    from django.db import connection
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        tier, org, project, users = rng.choice(tenants)
+        gpus = rng.choice((1, 1, 1, 2, 2, 4, 8))
+        types = rng.choice(("{H100,A100}", "{A100}", "{H100}", "{}"))
+        age = rng.uniform(0, 3600)
+        rows.append((str(uuid.uuid4()), org, project, rng.choice(users), tier, gpus, types, age))
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), 5000):
+            batch = rows[start : start + 5000]
+            cursor.execute(
+                """
+                INSERT INTO jobs_job (id, org_id, project_id, user_id, tier, status, params,
+                    gpu_count, gpu_types, min_gpu_memory_gb, max_runtime_s, preemptible,
+                    webhook_url, fingerprint, request_digest, progress, attempt_count,
+                    preemption_count, max_attempts, queued_at, checkpoint_ref, gpu_type,
+                    cancel_requested, error_code, error_message, result_path, created_at)
+                SELECT r.id::uuid, r.org::uuid, r.project::uuid, r.usr::uuid, r.tier, 'queued',
+                       '{}'::jsonb, r.gpus, r.types::varchar[], 0, 1800, true, '',
+                       md5(r.id), '', 0, 0, 0, 3, now() - r.age * interval '1 second',
+                       '', '', false, '', '', '', now() - r.age * interval '1 second'
+                  FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                              %s::int[], %s::text[], %s::float8[])
+                       AS r(id, org, project, usr, tier, gpus, types, age)
+                """,
+                [list(column) for column in zip(*batch, strict=True)],
+            )
+        cursor.execute("ANALYZE jobs_job")
+
+
+def time_tick(*, apply: bool = True) -> dict:
+    """One tick, its parts timed as the dispatcher runs them (without `apply`: the
+    decisions are made but not applied)."""
+    from apps.scheduler.policy import schedule
+    from apps.scheduler.services.dispatch import apply_decisions, drop_stale_claims
+    from apps.scheduler.services.snapshot import build_snapshot
+
+    started = time.perf_counter()
+    drop_stale_claims()
+    snapshot = build_snapshot()
+    read = time.perf_counter()
+    decisions = schedule(snapshot.cluster)
+    decided = time.perf_counter()
+    outcomes = apply_decisions(decisions, tick=uuid.uuid4()) if apply else []
+    applied = time.perf_counter()
+    return {
+        "listed": snapshot.queued_loaded,
+        "decisions": len(decisions),
+        "applied": sum(1 for o in outcomes if o.outcome == "applied"),
+        "read": read - started,
+        "policy": decided - read,
+        "apply": applied - decided,
+        "total": applied - started,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--orgs", type=int, default=1000)
+    parser.add_argument("--queued", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--no-apply",
+        action="store_true",
+        help="read and decide only (one tick per size; applying a first tick on a large "
+        "empty fleet takes minutes)",
+    )
+    args = parser.parse_args(argv)
+
+    setup_django()
+    from django.db import connection
+
+    from apps.jobs.models import Attempt, GpuAssignment, Job, JobEvent
+    from apps.scheduler.models import DispatchDecision, NodeClaim
+
+    old_name = connection.settings_dict["NAME"]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            version = cursor.fetchone()[0]
+        build_fleet(args.nodes)
+        tenants = build_tenants(args.orgs)
+        print(
+            f"dispatch bench: PostgreSQL {version}, {args.nodes} nodes x 8 GPUs, "
+            f"{args.orgs} orgs x 5 users; {os.cpu_count()} CPUs; load average "
+            f"{os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        print(
+            f"{'queued':>8} {'tick':>6} {'listed':>7} {'decisions':>9} {'applied':>7} "
+            f"{'read ms':>8} {'policy ms':>9} {'apply ms':>9} {'total ms':>9}"
+        )
+        reads = {}
+        for size in sorted(args.queued):
+            # A fresh queue and an empty fleet for each size (TRUNCATE: the event log
+            # refuses DELETE, and allows TRUNCATE only in test_* databases like this one).
+            tables = [m._meta.db_table for m in (JobEvent, GpuAssignment, Attempt, Job)]
+            tables += [DispatchDecision._meta.db_table, NodeClaim._meta.db_table]
+            with connection.cursor() as cursor:
+                cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+            queue_jobs(tenants, size, args.seed)
+            for tick in ("decide",) if args.no_apply else ("fill", "steady"):
+                t = time_tick(apply=not args.no_apply)
+                if tick != "fill":
+                    reads[size] = t["read"]
+                print(
+                    f"{size:>8,} {tick:>6} {t['listed']:>7,} {t['decisions']:>9,} "
+                    f"{t['applied']:>7,} {t['read'] * 1e3:>8.0f} {t['policy'] * 1e3:>9.0f} "
+                    f"{t['apply'] * 1e3:>9.0f} {t['total'] * 1e3:>9.0f}",
+                    flush=True,
+                )
+        if len(reads) > 1:
+            small, large = min(reads), max(reads)
+            print(
+                f"snapshot read {small:,} -> {large:,} queued (baseline: the "
+                f"{small:,} row): x{reads[large] / reads[small]:.2f} for x{large / small:.0f} jobs"
+            )
+        return 0
+    finally:
+        connection.close()
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+        drop_run_messages(args.nodes)
+
+
+def drop_run_messages(nodes: int) -> None:
+    """The run messages the ticks published to the bench nodes' queues."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    names = [f"node.n{i:05d}" for i in range(nodes)]
+    for start in range(0, len(names), 500):
+        client.delete(*names[start : start + 500])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
