@@ -27,10 +27,19 @@ def audit_link(*, label: str = "Audit trail", **filters) -> str:
 
 
 class ProjectInline(admin.TabularInline):
+    """New projects only (through the operations, recorded); a project's name is how
+    clients address it, so it is not edited here."""
+
     model = Project
     extra = 0
     fields = ("name", "created_at")
     readonly_fields = ("created_at",)
+
+    def has_change_permission(self, request, obj=None):
+        return False  # existing rows show read-only; new ones can still be added
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 class BudgetInlineForm(forms.ModelForm):
@@ -131,6 +140,19 @@ class OrgAdmin(admin.ModelAdmin):
         operations.update_org(obj, actor=operator_of(request), **settings_now)
 
     def save_formset(self, request, form, formset, change):
+        if formset.model is Project:
+            # New projects through the accounts operations (recorded); names stay as they are.
+            formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+            for project_form in formset.forms:
+                if project_form.instance._state.adding and project_form.has_changed():
+                    formset.new_objects.append(
+                        operations.create_project(
+                            actor=operator_of(request),
+                            org=form.instance,
+                            name=project_form.cleaned_data["name"],
+                        )
+                    )
+            return None
         if formset.model is not Budget:
             return super().save_formset(request, form, formset, change)
         # Budgets are set through the ledger's operations (caches recomputed), each recorded.
@@ -159,18 +181,52 @@ class OrgAdmin(admin.ModelAdmin):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
+    """Projects are created through the accounts operations (recorded as project.create);
+    once created, their org and name (how clients address them) are read-only."""
+
     list_display = ("name", "org", "created_at")
     list_filter = ("org__tier",)
     search_fields = ("name", "org__name", "id")
     autocomplete_fields = ("org",)
 
+    def get_readonly_fields(self, request, obj=None):
+        return ("org", "name", "created_at") if obj is not None else ()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return  # nothing is editable
+        created = operations.create_project(actor=operator_of(request), org=obj.org, name=obj.name)
+        obj.pk, obj.created_at = created.pk, created.created_at
+        obj._state.adding, obj._state.db = False, created._state.db
+
 
 @admin.register(User)
 class UserAdmin(admin.ModelAdmin):
+    """Users are created (user.create) and re-weighted (user.update) through the accounts
+    operations, each recorded; their org and name are read-only once created."""
+
     list_display = ("name", "org", "weight", "created_at")
     list_filter = ("org__tier",)
     search_fields = ("name", "org__name", "id")
     autocomplete_fields = ("org",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("org", "name", "created_at") if obj is not None else ()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        actor = operator_of(request)
+        if change:
+            operations.set_user_weight(obj, actor=actor, weight=obj.weight)
+            return
+        created = operations.create_user(actor=actor, org=obj.org, name=obj.name, weight=obj.weight)
+        obj.pk, obj.created_at = created.pk, created.created_at
+        obj._state.adding, obj._state.db = False, created._state.db
 
 
 @admin.register(APIKey)

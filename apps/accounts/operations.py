@@ -92,6 +92,25 @@ def create_user(*, actor: str, org: Org, record_refused: bool = True, **fields) 
     return user
 
 
+def set_user_weight(user: User, *, actor: str, weight: float, record_refused: bool = True) -> User:
+    """Change a user's weight, recorded as user.update (before/after); the same weight
+    records nothing."""
+    with operator_action(
+        actor=actor,
+        action="user.update",
+        target_type="user",
+        target_id=user.pk,
+        org_id=user.org_id,
+        record_refused=record_refused,
+    ) as pending:
+        current = User.objects.select_for_update().get(pk=user.pk)
+        pending.skip = current.weight == weight
+        pending.before, pending.after = {"weight": current.weight}, {"weight": weight}
+        if not pending.skip:
+            services.set_user_weight(current, weight=weight)
+    return current
+
+
 def issue_api_key(*, actor: str, record_refused: bool = True, **scope) -> services.IssuedKey:
     """Mint a key, recorded as apikey.create with its scope and prefix (never the key)."""
     with operator_action(

@@ -37,6 +37,7 @@ ACTIONS = {
     "org.update": "Change an org's tier, weight or quotas",
     "project.create": "Create a project in an org",
     "user.create": "Create a tenant user in an org",
+    "user.update": "Change a tenant user's fair-share weight",
     "apikey.create": "Issue an API key",
     "budget.set": "Create or change a budget",
     "apikey.revoke": "Revoke an API key",

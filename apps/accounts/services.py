@@ -64,6 +64,15 @@ def create_user(*, org: Org, name: str, weight: float = 1.0) -> User:
         raise Conflict(f"Org already has a user named {name!r}.", field="name") from exc
 
 
+def set_user_weight(user: User, *, weight: float) -> User:
+    """Change the user's fair-share weight within its org (must be positive)."""
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+        raise GantryError("weight must be a positive number.", code="invalid", field="weight")
+    user.weight = weight
+    user.save(update_fields=["weight"])
+    return user
+
+
 def issue_api_key(
     *,
     org: Org | None = None,

@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.accounts.models import APIKey, OperatorAction, Org
+from apps.accounts.models import User as TenantUser
 from apps.jobs.models import Job, JobStatus, QuarantinedFingerprint
 from apps.jobs.services.cancel import cancel_job
 from apps.ledger.models import Bucket, Budget, BudgetMode, HoldState
@@ -486,3 +487,40 @@ def test_job_and_org_pages_link_to_their_audit_trail(admin_client):
     assert f"{reverse('admin:audit_trail')}?job={world.running.pk}" in job_page.content.decode()
     org_page = admin_client.get(reverse("admin:accounts_org_change", args=[world.paid.pk]))
     assert f"{reverse('admin:audit_trail')}?org={world.paid.pk}" in org_page.content.decode()
+
+
+def test_projects_and_users_created_in_the_admin_are_recorded(admin_client):
+    org = funded("people", "paid")
+
+    added = admin_client.post(
+        reverse("admin:accounts_project_add"), {"org": org.pk, "name": "render"}
+    )
+    from_org_page = admin_client.post(
+        reverse("admin:accounts_org_change", args=[org.pk]),
+        _org_form(org, **{"projects-TOTAL_FORMS": 1, "projects-0-name": "train"}),
+    )
+    user_added = admin_client.post(
+        reverse("admin:accounts_user_add"), {"org": org.pk, "name": "ada", "weight": 2.0}
+    )
+
+    assert (added.status_code, from_org_page.status_code, user_added.status_code) == (302,) * 3
+    assert set(org.projects.values_list("name", flat=True)) >= {"render", "train"}
+    assert {row.after["name"] for row in actions("project.create")} == {"render", "train"}
+    assert all(row.org_id == org.pk for row in actions("project.create"))
+    [user_row] = actions("user.create")
+    assert user_row.after == {"name": "ada", "weight": 2.0}
+
+
+def test_a_users_weight_changed_in_the_admin_is_recorded_and_its_name_stays(admin_client):
+    org = funded("weights", "paid")
+    tenant = TenantUser.objects.create(org=org, name="grace", weight=1.0)
+    url = reverse("admin:accounts_user_change", args=[tenant.pk])
+
+    response = admin_client.post(url, {"weight": 3.0, "name": "renamed"})
+    admin_client.post(url, {"weight": 3.0})  # the same weight again: nothing to record
+
+    assert response.status_code == 302
+    tenant.refresh_from_db()
+    assert (tenant.name, tenant.weight) == ("grace", 3.0)
+    [row] = actions("user.update")
+    assert (row.before, row.after) == ({"weight": 1.0}, {"weight": 3.0})
