@@ -1,6 +1,6 @@
 import pytest
 
-from apps.accounts.models import APIKey
+from apps.accounts.models import APIKey, OperatorAction
 from apps.accounts.services import digest_key, issue_api_key
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, UserFactory
@@ -72,4 +72,7 @@ def test_create_operator_key_command_prints_key_on_last_line(capsys):
     call_command("create_operator_key", "--name", "ci")
     last_line = capsys.readouterr().out.strip().splitlines()[-1]
     assert client_with(last_line).get("/v1/orgs").status_code == 200
-    assert APIKey.objects.get(digest=digest_key(last_line)).is_operator
+    key = APIKey.objects.get(digest=digest_key(last_line))
+    assert key.is_operator
+    [row] = OperatorAction.objects.filter(action="apikey.create", target_id=key.prefix)
+    assert row.actor.startswith("cli:") and row.after["is_operator"] is True
