@@ -199,14 +199,8 @@ def apply_placement(decision: Place, *, tick: uuid.UUID) -> AppliedDecision:
     try:
         with transaction.atomic():
             attempt = _place(decision, tick=tick)
-    except (Refused, IllegalTransition) as exc:
-        return _skipped(decision, tick=tick, why=str(exc))
-    except Job.DoesNotExist:
-        return _skipped(decision, tick=tick, why="the job no longer exists")
-    except IntegrityError as exc:
-        return _skipped(decision, tick=tick, why=_integrity_reason(exc))
-    except OperationalError as exc:  # a deadlock or lock timeout: retried next tick
-        return _skipped(decision, tick=tick, why=f"database: {str(exc).splitlines()[0][:200]}")
+    except SKIPPED_ON as exc:
+        return _skipped(decision, tick=tick, why=skip_reason(exc))
     return AppliedDecision(
         kind=DecisionKind.PLACE,
         outcome=DecisionOutcome.APPLIED,
@@ -343,12 +337,8 @@ def apply_reservation(decision: Reserve, *, tick: uuid.UUID) -> AppliedDecision:
                     reason=decision.reason,
                 )
                 claim_node(job_id=job.id, node_id=node_id, kind=DecisionKind.RESERVE, record=record)
-    except Refused as exc:
-        return _skipped(decision, tick=tick, why=str(exc))
-    except Job.DoesNotExist:
-        return _skipped(decision, tick=tick, why="the job no longer exists")
-    except OperationalError as exc:  # a deadlock or lock timeout: retried next tick
-        return _skipped(decision, tick=tick, why=f"database: {str(exc).splitlines()[0][:200]}")
+    except SKIPPED_ON as exc:
+        return _skipped(decision, tick=tick, why=skip_reason(exc))
     return AppliedDecision(
         kind=DecisionKind.RESERVE,
         outcome=DecisionOutcome.APPLIED,
@@ -405,13 +395,25 @@ def _node_for_share(name: str) -> tuple[int, str]:
     return row[0], row[1]
 
 
-def _integrity_reason(exc: IntegrityError) -> str:
-    text = str(exc)
-    if "gpu_one_live_assignment" in text:
-        return "a GPU of the decision was already assigned to another attempt"
-    if "attempt_one_live_per_job" in text:
-        return "the job already has a live attempt"
-    return f"refused by the database: {text.splitlines()[0][:200]}"
+# What makes a decision's guarded transaction give up: the decision is recorded as
+# skipped with skip_reason(exc), and the next tick decides afresh.
+SKIPPED_ON = (Refused, IllegalTransition, Job.DoesNotExist, IntegrityError, OperationalError)
+
+
+def skip_reason(exc: Exception) -> str:
+    """Why a decision was skipped, from what its transaction raised (SKIPPED_ON)."""
+    if isinstance(exc, Job.DoesNotExist):
+        return "the job no longer exists"
+    if isinstance(exc, OperationalError):  # a deadlock or lock timeout: retried next tick
+        return f"database: {str(exc).splitlines()[0][:200]}"
+    if isinstance(exc, IntegrityError):
+        text = str(exc)
+        if "gpu_one_live_assignment" in text:
+            return "a GPU of the decision was already assigned to another attempt"
+        if "attempt_one_live_per_job" in text:
+            return "the job already has a live attempt"
+        return f"refused by the database: {text.splitlines()[0][:200]}"
+    return str(exc)
 
 
 def _skipped(decision: Decision, *, tick: uuid.UUID, why: str) -> AppliedDecision:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import uuid
 
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import transaction
 
 from apps.jobs.models import Attempt, AttemptState, Job, JobStatus
-from apps.jobs.services.lifecycle import IllegalTransition, transition
+from apps.jobs.services.lifecycle import transition
 from apps.scheduler.models import (
     DecisionKind,
     DecisionOutcome,
@@ -26,12 +26,13 @@ from apps.scheduler.policy import Preempt
 from apps.scheduler.services import metrics
 from apps.scheduler.services.dispatch import (
     ACTOR,
+    SKIPPED_ON,
     AppliedDecision,
     Refused,
-    _integrity_reason,
     _node_for_share,
     _skipped,
     claim_node,
+    skip_reason,
 )
 
 
@@ -46,12 +47,8 @@ def apply_preemption(decision: Preempt, *, tick: uuid.UUID) -> AppliedDecision:
     try:
         with transaction.atomic():
             _preempt(decision, tick=tick)
-    except (Refused, IllegalTransition) as exc:
-        return _skipped(decision, tick=tick, why=str(exc))
-    except IntegrityError as exc:
-        return _skipped(decision, tick=tick, why=_integrity_reason(exc))
-    except OperationalError as exc:  # a deadlock or lock timeout: retried next tick
-        return _skipped(decision, tick=tick, why=f"database: {str(exc).splitlines()[0][:200]}")
+    except SKIPPED_ON as exc:
+        return _skipped(decision, tick=tick, why=skip_reason(exc))
     return AppliedDecision(
         kind=DecisionKind.PREEMPT,
         outcome=DecisionOutcome.APPLIED,
