@@ -6,12 +6,10 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from apps.accounts.operator_actions import operator_action, operator_of
+from apps.accounts.operator_actions import operator_of
 from apps.api.errors import GantryError
+from apps.jobs import operations
 from apps.jobs.models import Attempt, Job, JobEvent, QuarantinedFingerprint
-from apps.jobs.services.cancel import cancel_job
-from apps.jobs.services.quarantine import clear_quarantine
-from apps.jobs.services.submission import requeue_failed_job
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -101,49 +99,28 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel the selected jobs")
     def cancel_jobs(self, request, queryset):
-        done, failed = 0, []
-        for job_id, org_id, status in queryset.values_list("id", "org_id", "status"):
-            try:
-                with operator_action(
-                    actor=operator_of(request),
-                    action="job.cancel",
-                    target_type="job",
-                    target_id=job_id,
-                    org_id=org_id,
-                    job_id=job_id,
-                    before={"status": status},
-                ) as pending:
-                    job = cancel_job(
-                        job_id, actor=_operator(request), reason="cancelled by an operator"
-                    )
-                    pending.after = {"status": job.status, "cancel_requested": job.cancel_requested}
-                done += 1
-            except GantryError as exc:
-                failed.append(f"{job_id}: {exc.message}")
-        self._report(request, done, failed, verb="cancelled (or asked to stop)")
+        self._each(request, queryset, operations.cancel, verb="cancelled (or asked to stop)")
 
     @admin.action(description="Requeue the selected dead-lettered (failed) jobs as new jobs")
     def requeue_dead_lettered(self, request, queryset):
+        self._each(request, queryset, operations.requeue, verb="requeued")
+
+    def _each(self, request, queryset, operation, *, verb: str) -> None:
+        """Run a recorded job operation on each selected job; report what it refused."""
         done, failed = 0, []
         for job_id, org_id, status in queryset.values_list("id", "org_id", "status"):
             try:
-                with operator_action(
+                operation(
+                    job_id,
                     actor=operator_of(request),
-                    action="job.requeue",
-                    target_type="job",
-                    target_id=job_id,
+                    event_actor=_operator(request),
                     org_id=org_id,
-                    job_id=job_id,
-                    before={"status": status},
-                    # Requeuing twice returns the same copy: one audit row.
-                    idempotency_key=f"job.requeue:{job_id}",
-                ) as pending:
-                    copy = requeue_failed_job(job_id, actor=_operator(request))
-                    pending.after = {"requeued_as": str(copy.id), "copy_status": copy.status}
+                    status=status,
+                )
                 done += 1
             except GantryError as exc:
                 failed.append(f"{job_id}: {exc.message}")
-        self._report(request, done, failed, verb="requeued")
+        self._report(request, done, failed, verb=verb)
 
     def _report(self, request, done: int, failed: list[str], *, verb: str) -> None:
         if done:
@@ -178,19 +155,5 @@ class QuarantinedFingerprintAdmin(admin.ModelAdmin):
         self._clear(request, queryset)
 
     def _clear(self, request, rows) -> int:
-        cleared = 0
-        for row in list(rows):
-            sample = row.sample_job
-            with operator_action(
-                actor=operator_of(request),
-                action="quarantine.clear",
-                target_type="fingerprint",
-                target_id=row.fingerprint,
-                org_id=sample.org_id if sample else None,
-                job_id=sample.pk if sample else None,
-                before={"reason": row.reason, "node_count": row.node_count},
-            ) as pending:
-                pending.skip = not clear_quarantine(row.fingerprint)
-                pending.after = {"quarantined": False}
-            cleared += not pending.skip
-        return cleared
+        actor = operator_of(request)
+        return sum(operations.clear_quarantine(row, actor=actor) for row in list(rows))

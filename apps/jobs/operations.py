@@ -1,0 +1,63 @@
+"""Operators' job actions, each recorded as an OperatorAction in its transaction (the
+admin calls these; see apps.accounts.operations for the conventions)."""
+
+from __future__ import annotations
+
+from apps.accounts.operator_actions import operator_action
+from apps.jobs.models import Job, QuarantinedFingerprint
+from apps.jobs.services import quarantine
+from apps.jobs.services.cancel import cancel_job
+from apps.jobs.services.submission import requeue_failed_job
+
+
+def cancel(job_id, *, actor: str, event_actor: str, org_id, status: str) -> Job:
+    """Cancel a job (services.cancel), recorded as job.cancel with its status before and
+    after; `event_actor` is the actor written on the job's own event."""
+    with operator_action(
+        actor=actor,
+        action="job.cancel",
+        target_type="job",
+        target_id=job_id,
+        org_id=org_id,
+        job_id=job_id,
+        before={"status": status},
+    ) as pending:
+        job = cancel_job(job_id, actor=event_actor, reason="cancelled by an operator")
+        pending.after = {"status": job.status, "cancel_requested": job.cancel_requested}
+    return job
+
+
+def requeue(job_id, *, actor: str, event_actor: str, org_id, status: str) -> Job:
+    """Requeue a dead-lettered job as a new one (services.submission), recorded as
+    job.requeue; requeuing twice returns the same copy and records one row."""
+    with operator_action(
+        actor=actor,
+        action="job.requeue",
+        target_type="job",
+        target_id=job_id,
+        org_id=org_id,
+        job_id=job_id,
+        before={"status": status},
+        idempotency_key=f"job.requeue:{job_id}",
+    ) as pending:
+        copy = requeue_failed_job(job_id, actor=event_actor)
+        pending.after = {"requeued_as": str(copy.id), "copy_status": copy.status}
+    return copy
+
+
+def clear_quarantine(row: QuarantinedFingerprint, *, actor: str) -> bool:
+    """Lift a quarantine (services.quarantine), recorded as quarantine.clear; clearing one
+    already cleared records nothing. True when this call cleared it."""
+    sample = row.sample_job
+    with operator_action(
+        actor=actor,
+        action="quarantine.clear",
+        target_type="fingerprint",
+        target_id=row.fingerprint,
+        org_id=sample.org_id if sample else None,
+        job_id=sample.pk if sample else None,
+        before={"reason": row.reason, "node_count": row.node_count},
+    ) as pending:
+        pending.skip = not quarantine.clear_quarantine(row.fingerprint)
+        pending.after = {"quarantined": False}
+    return not pending.skip
