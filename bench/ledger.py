@@ -205,8 +205,9 @@ def make_orgs(count: int, *, budgets: bool) -> list:
         org = Org.objects.create(
             name=f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}-{i}", tier="paid"
         )
-        # A promo that burns first and a large paid bucket behind it: two-bucket draws.
-        services.grant(org=org, kind="promo", amount=5 * CREDIT)
+        # A promo that burns first and a paid grant behind it, both large enough to be
+        # issued as lanes (GANTRY_LEDGER_BUCKET_LANES) like any busy org's credit.
+        services.grant(org=org, kind="promo", amount=10**12)
         services.grant(org=org, kind="paid", amount=10**15)
         if budgets:
             services.set_budget(org=org, limit=10**16, period="month", mode="hard")

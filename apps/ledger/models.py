@@ -76,6 +76,21 @@ class Bucket(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     actor = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # A large grant is issued as several lanes: bucket rows of one rank (same kind,
+    # expiry, scope and created_at) that concurrent holds draw from side by side, so
+    # that one busy org does not queue on one row (services.buckets.grant). The first
+    # lane (lane 0) is the grant's bucket and carries its idempotency key; the others
+    # point to it. Tenants see a grant as one bucket.
+    lane_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="lanes",
+        db_index=False,
+        help_text="The grant's first bucket, for its other lanes; empty for the first.",
+    )
+    lane = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ("-created_at", "-id")
@@ -105,10 +120,19 @@ class Bucket(models.Model):
             models.CheckConstraint(
                 condition=Q(kind__in=BucketKind.values), name="bucket_kind_valid"
             ),
+            models.CheckConstraint(
+                condition=Q(lane_of__isnull=True, lane=0) | Q(lane_of__isnull=False, lane__gt=0),
+                name="bucket_lane_valid",
+            ),
         ]
 
     def __str__(self):
         return f"{self.kind} {self.granted} µc ({self.org_id})"
+
+    @property
+    def grant_id(self):
+        """The bucket tenants see: the grant's first lane."""
+        return self.lane_of_id or self.pk
 
     @property
     def remaining(self) -> int:

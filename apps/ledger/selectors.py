@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
 from apps.ledger.allocation import burn_key
 from apps.ledger.models import Bucket, BucketKind, Entry
@@ -25,14 +28,14 @@ def balance(*, org, project=None) -> dict:
     if project is not None:
         buckets = buckets.filter(Q(project__isnull=True) | Q(project=project))
     by_kind = dict.fromkeys(BucketKind.values, 0)
-    listed, expiring = [], []
     available = held = 0
     rows = sorted(
         buckets.filter(Q(held__gt=0) | Q(expired_at__isnull=True)),
         key=lambda b: burn_key(
-            expires_at=b.expires_at, kind=b.kind, created_at=b.created_at, bucket_id=b.pk
+            expires_at=b.expires_at, kind=b.kind, created_at=b.created_at, bucket_id=b.grant_id
         ),
     )
+    grants: dict = {}  # a grant's lanes add up to one listed bucket
     for bucket in rows:
         live = bucket.expires_at is None or bucket.expires_at > now
         remaining = bucket.remaining if live else 0
@@ -41,13 +44,19 @@ def balance(*, org, project=None) -> dict:
         available += remaining
         held += bucket.held
         by_kind[bucket.kind] += remaining
-        listed.append({"bucket": bucket, "remaining": remaining})
-        if (
-            remaining > 0
-            and bucket.expires_at is not None
-            and bucket.expires_at - now <= (EXPIRING_SOON)
-        ):
-            expiring.append({"bucket": bucket, "remaining": remaining})
+        listed = grants.setdefault(
+            bucket.grant_id, {"id": bucket.grant_id, "bucket": bucket, "remaining": 0, "held": 0}
+        )
+        listed["remaining"] += remaining
+        listed["held"] += bucket.held
+    listed = list(grants.values())
+    expiring = [
+        item
+        for item in listed
+        if item["remaining"] > 0
+        and item["bucket"].expires_at is not None
+        and item["bucket"].expires_at - now <= EXPIRING_SOON
+    ]
     return {
         "org": org,
         "project": project,
@@ -62,8 +71,12 @@ def balance(*, org, project=None) -> dict:
 
 
 def entries_of(*, org, job=None) -> QuerySet[Entry]:
-    """The org's entries, optionally those of one job (tagged directly or via its hold)."""
-    entries = Entry.objects.filter(org=org)
+    """The org's entries, optionally those of one job (tagged directly or via its hold).
+
+    Each carries `grant_id`: its bucket as tenants see it (a grant's first lane)."""
+    entries = Entry.objects.filter(org=org).annotate(
+        grant_id=Coalesce(F("bucket__lane_of_id"), F("bucket_id"))
+    )
     if job is not None:
         entries = entries.filter(Q(job_id=job) | Q(hold__job_ref=job))
     return entries
@@ -71,3 +84,45 @@ def entries_of(*, org, job=None) -> QuerySet[Entry]:
 
 def buckets_of(*, org) -> QuerySet[Bucket]:
     return Bucket.objects.filter(org=org)
+
+
+@dataclass(frozen=True)
+class GrantTotals:
+    """A grant as tenants see it: its lanes added up, under the first lane's id."""
+
+    id: uuid.UUID
+    org_id: uuid.UUID
+    project_id: uuid.UUID | None
+    kind: str
+    granted: int
+    held: int
+    consumed: int
+    expired: int
+    expires_at: datetime | None
+    created_at: datetime
+    lanes: int
+
+    @property
+    def remaining(self) -> int:
+        return self.granted - self.consumed - self.held - self.expired
+
+
+def grant_totals(bucket: Bucket) -> GrantTotals:
+    """The grant that `bucket` (any of its lanes) belongs to, its lanes added up."""
+    first_id = bucket.grant_id
+    sums = Bucket.objects.filter(Q(pk=first_id) | Q(lane_of_id=first_id)).aggregate(
+        granted=Sum("granted"),
+        held=Sum("held"),
+        consumed=Sum("consumed"),
+        expired=Sum("expired"),
+        lanes=Count("pk"),
+    )
+    return GrantTotals(
+        id=first_id,
+        org_id=bucket.org_id,
+        project_id=bucket.project_id,
+        kind=bucket.kind,
+        expires_at=bucket.expires_at,
+        created_at=bucket.created_at,
+        **sums,
+    )

@@ -59,16 +59,18 @@ class BudgetSerializer(serializers.ModelSerializer):
 
 
 class BalanceBucketSerializer(serializers.Serializer):
-    id = serializers.UUIDField(source="bucket.id")
+    """A grant: its lanes (Bucket.lane_of) added up, under the first lane's id."""
+
+    id = serializers.UUIDField()
     kind = serializers.CharField(source="bucket.kind")
     project = serializers.UUIDField(source="bucket.project_id", allow_null=True)
     remaining = serializers.IntegerField()
-    held = serializers.IntegerField(source="bucket.held")
+    held = serializers.IntegerField()
     expires_at = serializers.DateTimeField(source="bucket.expires_at", allow_null=True)
 
 
 class ExpiringBucketSerializer(serializers.Serializer):
-    id = serializers.UUIDField(source="bucket.id")
+    id = serializers.UUIDField()
     kind = serializers.CharField(source="bucket.kind")
     remaining = serializers.IntegerField()
     expires_at = serializers.DateTimeField(source="bucket.expires_at")
@@ -94,6 +96,8 @@ class BalanceSerializer(serializers.Serializer):
 
 class EntrySerializer(serializers.ModelSerializer):
     transaction = serializers.UUIDField(source="txn")
+    # The grant's bucket, as GET /v1/balance lists it (a lane is internal striping).
+    bucket = serializers.UUIDField(source="grant_id")
     job = serializers.UUIDField(source="job_id", allow_null=True)
 
     class Meta:

@@ -127,7 +127,9 @@ class GrantView(GenericAPIView):
             expires_at=data.get("expires_at"),
             idempotency_key=request.META[HEADER].strip(),
         )
-        return Response(BucketSerializer(bucket).data, status=status.HTTP_201_CREATED)
+        return Response(
+            BucketSerializer(selectors.grant_totals(bucket)).data, status=status.HTTP_201_CREATED
+        )
 
 
 class BudgetView(GenericAPIView):

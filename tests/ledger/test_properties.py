@@ -10,7 +10,9 @@ from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
+from django.test import override_settings
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -166,11 +168,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(bucket=consumes(buckets))
     def expire(self, bucket):
-        """Time passes: the bucket's expiry is now (database clock)."""
-        Bucket.objects.filter(pk=bucket.pk).update(expires_at=Now())
+        """Time passes: the bucket's (every lane's) expiry is now (database clock)."""
+        lanes = Bucket.objects.filter(Q(pk=bucket.pk) | Q(lane_of=bucket.pk))
+        lanes.update(expires_at=Now())
         services.expire_buckets()
-        bucket.refresh_from_db()
-        assert bucket.remaining == 0
+        assert all(lane.remaining == 0 for lane in lanes)
 
     @rule(hold=holds)
     def stale(self, hold):
@@ -223,3 +225,17 @@ def test_random_ledger_histories_keep_every_invariant(usage_redis):
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
         ),
     )
+
+
+def test_random_histories_on_grants_issued_as_lanes_keep_every_invariant(usage_redis):
+    """The same, with grants of 40,000 µc and more split into up to four lanes."""
+    with override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=20_000):
+        run_state_machine_as_test(
+            LedgerMachine,
+            settings=settings(
+                max_examples=25,
+                stateful_step_count=20,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+            ),
+        )

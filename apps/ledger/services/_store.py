@@ -46,6 +46,7 @@ from apps.ledger.models import Account
 # SQLSTATEs raised by ledger_raise() (migration 0003) from inside a write statement.
 BUDGET_EXCEEDED = "GLB01"
 LOCK_NOT_HELD = "GLX01"
+LANE_FALLBACK = "GLL01"  # the lanes a reservation chose cannot serve it: try them all
 
 # How a posting to each account changes the bucket's cached columns.
 _CACHE_COLUMN = {

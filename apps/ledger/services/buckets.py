@@ -15,6 +15,7 @@ from apps.ledger.services._store import (
     LedgerTransaction,
     check_scope,
     db_now,
+    ledger_setting,
     positive_amount,
 )
 
@@ -35,6 +36,10 @@ def grant(
     which must lie in the future by the database clock. With an idempotency key, the
     same key and the same grant return the first bucket and issue nothing more, even
     under concurrent calls; the same key with a different grant raises Conflict.
+
+    A grant of at least twice GANTRY_LEDGER_LANE_MIN is issued as lanes (see
+    Bucket.lane_of): up to GANTRY_LEDGER_BUCKET_LANES buckets of one rank sharing the
+    amount; the returned bucket is the first lane. selectors.grant_totals adds them up.
     """
     positive_amount(amount)
     if kind not in BucketKind.values:
@@ -81,35 +86,54 @@ def _issue(*, org, project, kind, amount, expires_at, key, actor) -> Bucket:
     now = db_now()
     if expires_at is not None and expires_at <= now:
         raise GantryError("expires_at must be in the future.", code="invalid", field="expires_at")
-    bucket = Bucket.objects.create(
-        org=org,
-        project=project,
-        kind=kind,
-        granted=amount,
-        expires_at=expires_at,
-        idempotency_key=key,
-        actor=actor[:200],
-        created_at=now,
-    )
+    shares = lane_shares(amount)
+    common = {
+        "org": org,
+        "project": project,
+        "kind": kind,
+        "expires_at": expires_at,
+        "actor": actor[:200],
+        "created_at": now,
+    }
+    bucket = Bucket.objects.create(granted=shares[0], idempotency_key=key, **common)
+    lanes = [bucket]
+    if len(shares) > 1:
+        lanes += Bucket.objects.bulk_create(
+            Bucket(granted=share, lane=n, lane_of=bucket, **common)
+            for n, share in enumerate(shares[1:], start=1)
+        )
     changes = Changes(org_id=org.pk, at=now)
-    changes.move(
-        kind=EntryKind.ISSUE,
-        bucket_id=bucket.pk,
-        source=Account.ISSUED,
-        target=Account.AVAILABLE,
-        amount=amount,
-        idempotency_key=key or "",
-        memo=f"{kind} grant{f' by {actor}' if actor else ''}",
-    )
-    # The new row was created holding `granted`: the entries justify it, not change it.
+    for lane in lanes:
+        changes.move(
+            kind=EntryKind.ISSUE,
+            bucket_id=lane.pk,
+            source=Account.ISSUED,
+            target=Account.AVAILABLE,
+            amount=lane.granted,
+            idempotency_key=key or "",
+            memo=f"{kind} grant{f' by {actor}' if actor else ''}"
+            + (f" (lane {lane.lane + 1} of {len(lanes)})" if len(lanes) > 1 else ""),
+        )
+    # The new rows were created holding `granted`: the entries justify it, not change it.
     with LedgerTransaction() as tx:  # a savepoint of the grant's transaction
         changes.flush(tx, update_buckets=False)
     return bucket
 
 
+def lane_shares(amount: int) -> list[int]:
+    """How a grant of `amount` is split into lanes (one share: no split). The shares
+    differ by at most one micro-credit and add up to `amount`."""
+    most = ledger_setting("BUCKET_LANES", 8)
+    lanes = max(1, min(most, amount // ledger_setting("LANE_MIN", 10**9)))
+    base, extra = divmod(amount, lanes)
+    return [base + (n < extra) for n in range(lanes)]
+
+
 def _replay(bucket: Bucket, request: dict) -> Bucket:
+    from apps.ledger.selectors import grant_totals  # selectors import the services
+
     same = (
-        bucket.granted == request["amount"]
+        grant_totals(bucket).granted == request["amount"]
         and bucket.kind == request["kind"]
         and bucket.project_id == request["project_id"]
         and bucket.expires_at == request["expires_at"]

@@ -14,6 +14,7 @@ changes only while it runs (see services._store).
 
 from __future__ import annotations
 
+import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,7 @@ from apps.ledger.metrics import BUDGET_ALERTS, count
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
 from apps.ledger.services import budgets
 from apps.ledger.services._store import (
+    LANE_FALLBACK,
     Changes,
     LedgerTransaction,
     budget_lock_sql,
@@ -103,27 +105,59 @@ SELECT b.id, b.kind, b.expires_at, b.created_at,
 # in id order, draws in burn order (DESIGN invariant 6: expires_at with never-expiring
 # last, promo < grant < paid, created_at, id), inserts the hold unless its key exists,
 # and (only then) the allocations, entries, bucket caches and budgets.
+#
+# Lanes (Bucket.lane_of): the lanes of one grant are one rank, and a reservation locks
+# only one of them, the first funded lane at or after the hold's own lane number, so
+# that concurrent holds of one org draw side by side. {sources} is that choice in the
+# fast statement and every eligible funded bucket in the complete one. The fast one
+# draws nothing and raises LANE_FALLBACK when its lanes cannot serve the hold in burn
+# order although the org may have the credit (a chosen lane ran dry, or another lane of
+# a higher-ranked grant has funds); the caller then runs the complete statement.
+#
+# The budget rows are the org's hottest (every hold of the org touches them): the final
+# SELECT reads the allocation, entry and bucket writes first, so that the budget CTEs
+# run last and their row locks are held only from there to the commit.
 _RESERVE = """
-WITH src AS (
-    SELECT b.id, b.expires_at, b.kind_rank, b.created_at,
+WITH cand AS (
+    SELECT b.id, b.lane, coalesce(b.lane_of_id, b.id) AS grp,
+           coalesce(b.expires_at, 'infinity') AS exp, b.kind_rank, b.created_at,
            b.granted - b.consumed - b.held - b.expired AS available
       FROM ledger_bucket b
      WHERE b.org_id = %(org)s
        AND (b.project_id IS NULL OR b.project_id = %(project)s)
        AND (b.expires_at IS NULL OR b.expires_at > statement_timestamp())
        AND b.granted - b.consumed - b.held - b.expired > 0
+), pick AS (
+    {sources}
+), src AS (
+    SELECT b.id, coalesce(b.lane_of_id, b.id) AS grp, coalesce(b.expires_at, 'infinity') AS exp,
+           b.kind_rank, b.created_at, b.granted - b.consumed - b.held - b.expired AS available
+      FROM ledger_bucket b
+     WHERE b.id IN (SELECT id FROM pick)
+       AND (b.expires_at IS NULL OR b.expires_at > statement_timestamp())
+       AND b.granted - b.consumed - b.held - b.expired > 0
      ORDER BY b.id
        FOR NO KEY UPDATE OF b
 ), burn AS (
-    SELECT id, available,
-           sum(available) OVER (ORDER BY expires_at NULLS LAST, kind_rank, created_at, id)
-               AS upto
+    SELECT id, grp, exp, kind_rank, created_at, available,
+           sum(available) OVER (ORDER BY exp, kind_rank, created_at, grp, id) AS upto
       FROM src
 ), plan AS (
-    SELECT id, least(available, %(amount)s - (upto - available)) AS part, upto
+    SELECT id, grp, exp, kind_rank, created_at,
+           least(available, %(amount)s - (upto - available)) AS part, upto
       FROM burn WHERE upto - available < %(amount)s
+), last AS (
+    SELECT grp, exp, kind_rank, created_at FROM plan ORDER BY upto DESC LIMIT 1
 ), enough AS (
     SELECT coalesce(sum(part), 0) = %(amount)s AS ok FROM plan
+), in_order AS (
+    SELECT NOT EXISTS (
+        SELECT 1 FROM cand c, last l
+         WHERE c.id NOT IN (SELECT id FROM pick) AND c.grp <> l.grp
+           AND (c.exp, c.kind_rank, c.created_at, c.grp) < (l.exp, l.kind_rank, l.created_at, l.grp)
+    ) AS ok
+), drawn AS (
+    SELECT (SELECT ok FROM enough) AND (SELECT ok FROM in_order) AS ok
 ), hi AS (
     INSERT INTO ledger_hold (id, org_id, project_id, user_id, job_ref, requested_amount,
                              amount, captured, refunded, usage, state, idempotency_key,
@@ -132,7 +166,7 @@ WITH src AS (
            'active', %(key)s, e.at, '', statement_timestamp()
       FROM (SELECT coalesce(%(expires_at)s::timestamptz,
                             statement_timestamp() + %(ttl)s * interval '1 second') AS at) e
-     WHERE (SELECT ok FROM enough) AND e.at > statement_timestamp()
+     WHERE (SELECT ok FROM drawn) AND e.at > statement_timestamp()
     ON CONFLICT (org_id, idempotency_key) DO NOTHING
     RETURNING expires_at
 ), na AS (
@@ -156,27 +190,48 @@ WITH src AS (
      WHERE b.id = p.id AND EXISTS (SELECT 1 FROM hi)
     RETURNING 1
 ), {budgets}
-SELECT statement_timestamp(), (SELECT coalesce(sum(available), 0) FROM src),
-       (SELECT expires_at FROM hi), (SELECT count(*) FROM ga),
+SELECT statement_timestamp(), (SELECT coalesce(sum(available), 0) FROM cand),
+       (SELECT expires_at FROM hi),
+       (SELECT count(*) FROM na) + (SELECT count(*) FROM e) + (SELECT count(*) FROM ub),
+       (SELECT count(*) FROM ga),
+       {lane_fallback},
        CASE WHEN NOT ({budget_ok}) THEN ledger_raise('{code}', {message}) END
 """
 
+# The fast statement's sources: one lane of each grant, the first funded one at or after
+# the hold's lane number (among the grant's lanes, cyclically).
+_ONE_LANE_EACH = """
+    SELECT DISTINCT ON (grp) id
+      FROM (SELECT id, grp, lane, max(lane) OVER (PARTITION BY grp) + 1 AS n FROM cand) c
+     ORDER BY grp, (lane - %(lane)s %% n + n) %% n
+"""
+_EVERY_BUCKET = "SELECT id FROM cand"
+_FALLBACK = f"""
+CASE WHEN NOT (SELECT ok FROM drawn)
+          AND (NOT (SELECT ok FROM in_order)
+               OR (SELECT coalesce(sum(available), 0) FROM cand) >= %(amount)s)
+     THEN ledger_raise('{LANE_FALLBACK}', 'the chosen lanes cannot serve this hold') END
+"""
 
-def _reserve_sql() -> str:
+
+def _reserve_sql(sources: str, *, lane_fallback: str) -> str:
     guard = "EXISTS (SELECT 1 FROM hi)"
     parts, (ok, code, message) = budgets.statement_parts(
         charge=True, guard=guard, now="statement_timestamp()"
     )
     ctes = ",\n".join(f"{name} AS ({sql})" for name, sql in parts)
     return (
-        _RESERVE.replace("{budgets}", ctes)
+        _RESERVE.replace("{sources}", sources)
+        .replace("{budgets}", ctes)
         .replace("{budget_ok}", ok)
         .replace("{code}", code)
         .replace("{message}", message)
+        .replace("{lane_fallback}", lane_fallback)
     )
 
 
-RESERVE = _reserve_sql()
+RESERVE_FROM_LANES = _reserve_sql(_ONE_LANE_EACH, lane_fallback=_FALLBACK)
+RESERVE = _reserve_sql(_EVERY_BUCKET, lane_fallback="NULL")
 BUDGET_LOCK = f"SELECT {budget_lock_sql('%(org)s::text')}"
 
 
@@ -227,14 +282,19 @@ def reserve(
         "g_user": user_id,
         "g_amount": amount,
         "g_hold": hold_id,
+        "lane": random.randrange(2**30),
     }
     try:
-        with LedgerTransaction() as tx:
-            now, available, hold_expires_at, alerts, _ok = tx.write(
-                RESERVE, params, first=[(BUDGET_LOCK, {"org": org.pk})]
-            )
+        now, available, hold_expires_at, alerts = _draw(RESERVE_FROM_LANES, params, org_id=org.pk)
     except psycopg.Error as error:
-        raise _refusal(error, op="reserve") from error
+        if error.sqlstate != LANE_FALLBACK:
+            raise _refusal(error, op="reserve") from error
+        # The chosen lanes could not serve it (rolled back: nothing held, no lock kept).
+        count("reserve", "lane_fallback")
+        try:
+            now, available, hold_expires_at, alerts = _draw(RESERVE, params, org_id=org.pk)
+        except psycopg.Error as again:
+            raise _refusal(again, op="reserve") from again
     if hold_expires_at is None:  # nothing was written
         if Hold.objects.filter(org=org, idempotency_key=idempotency_key).exists():
             # The key is taken (possibly by a caller that committed while this one waited
@@ -267,6 +327,15 @@ def reserve(
     hold._state.adding = False
     hold._state.db = "default"
     return hold
+
+
+def _draw(statement: str, params: dict, *, org_id) -> tuple:
+    """Run one reservation statement in its own transaction (or savepoint)."""
+    with LedgerTransaction() as tx:
+        now, available, hold_expires_at, _written, alerts, _fallback, _ok = tx.write(
+            statement, params, first=[(BUDGET_LOCK, {"org": org_id})]
+        )
+    return now, available, hold_expires_at, alerts
 
 
 def _refusal(error: psycopg.Error, *, op: str) -> Exception:

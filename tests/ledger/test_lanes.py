@@ -1,0 +1,159 @@
+"""Lanes: a large grant is issued as several bucket rows of one rank, so that the holds of
+one busy org draw from them side by side instead of queueing on one row."""
+
+from collections import Counter
+
+import pytest
+from django.db.models import Q, Sum
+from django.test import override_settings
+
+from apps.api.errors import InsufficientCredits
+from apps.ledger import selectors, services
+from apps.ledger.models import Bucket, Hold, HoldAllocation
+from apps.ledger.services.buckets import lane_shares
+from tests.factories import OrgFactory
+from tests.ledger.factories import CREDIT
+from tests.ledger.test_races import outcome, run_at_once
+
+# A lane holds at least 10 credits here: a 40-credit grant is four lanes of 10.
+LANES = override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=10 * CREDIT)
+
+
+def lanes_of(bucket) -> list[Bucket]:
+    return list(Bucket.objects.filter(Q(pk=bucket.pk) | Q(lane_of=bucket.pk)).order_by("lane"))
+
+
+def drawn(hold) -> dict:
+    """{bucket id: amount} of the hold's allocations."""
+    return dict(HoldAllocation.objects.filter(hold=hold).values_list("bucket_id", "amount"))
+
+
+def test_lane_shares_add_up_and_differ_by_at_most_one_micro_credit():
+    with LANES:
+        assert lane_shares(19 * CREDIT) == [19 * CREDIT]  # under two lanes' minimum
+        assert lane_shares(20 * CREDIT) == [10 * CREDIT, 10 * CREDIT]
+        shares = lane_shares(40 * CREDIT + 3)
+        assert shares == [10 * CREDIT + 1] * 3 + [10 * CREDIT]
+        assert lane_shares(10**15) == [10**15 // 4] * 4  # never more than the setting
+
+
+@pytest.mark.django_db
+def test_a_large_grant_is_four_lanes_that_tenants_see_as_one_bucket(
+    operator, assert_ledger_consistent
+):
+    org = OrgFactory()
+    with LANES:
+        response = operator.post(
+            "/v1/credits/grants",
+            {"org": str(org.id), "amount": 40 * CREDIT + 3, "kind": "paid"},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY="big-grant",
+        )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["amount"], body["remaining"]) == (40 * CREDIT + 3, 40 * CREDIT + 3)
+
+    first = Bucket.objects.get(pk=body["id"])
+    lanes = lanes_of(first)
+    assert [lane.lane for lane in lanes] == [0, 1, 2, 3]
+    assert sum(lane.granted for lane in lanes) == 40 * CREDIT + 3
+    assert {lane.created_at for lane in lanes} == {first.created_at}
+    assert all(lane.lane_of_id == first.pk for lane in lanes[1:])
+
+    with LANES:
+        hold = services.reserve(org=org, amount=3 * CREDIT, idempotency_key="job-1")
+    balance = selectors.balance(org=org)
+    assert [b["id"] for b in balance["buckets"]] == [first.pk]
+    assert (balance["available"], balance["held"]) == (37 * CREDIT + 3, 3 * CREDIT)
+    entries = selectors.entries_of(org=org).filter(hold=hold)
+    assert {entry.grant_id for entry in entries} == {first.pk}
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db
+def test_the_same_grant_replayed_answers_the_first_bucket_and_issues_nothing_more():
+    org = OrgFactory()
+    with LANES:
+        first = services.grant(org=org, kind="paid", amount=40 * CREDIT, idempotency_key="g")
+        again = services.grant(org=org, kind="paid", amount=40 * CREDIT, idempotency_key="g")
+    assert again.pk == first.pk
+    assert Bucket.objects.filter(org=org).aggregate(s=Sum("granted"))["s"] == 40 * CREDIT
+
+
+@pytest.mark.django_db
+def test_a_hold_draws_from_one_lane_when_its_lane_has_room(assert_ledger_consistent):
+    org = OrgFactory()
+    with LANES:
+        grant = services.grant(org=org, kind="paid", amount=40 * CREDIT)
+        holds = [
+            services.reserve(org=org, amount=CREDIT, idempotency_key=f"job-{i}") for i in range(12)
+        ]
+    lane_ids = {lane.pk for lane in lanes_of(grant)}
+    for hold in holds:
+        (bucket_id,) = drawn(hold)
+        assert bucket_id in lane_ids
+    # Holds pick their lane at random: twelve of them do not all land on one.
+    assert len({next(iter(drawn(hold))) for hold in holds}) > 1
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db
+def test_a_hold_larger_than_its_lane_draws_across_the_lanes_of_the_grant(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        grant = services.grant(org=org, kind="paid", amount=40 * CREDIT)
+        hold = services.reserve(org=org, amount=35 * CREDIT, idempotency_key="big")
+    assert sum(drawn(hold).values()) == 35 * CREDIT
+    assert set(drawn(hold)) <= {lane.pk for lane in lanes_of(grant)}
+    with LANES, pytest.raises(InsufficientCredits):
+        services.reserve(org=org, amount=6 * CREDIT, idempotency_key="too-much")
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db
+def test_no_paid_credit_is_drawn_while_any_lane_of_an_earlier_promo_has_funds(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        promo = services.grant(org=org, kind="promo", amount=40 * CREDIT)
+        paid = services.grant(org=org, kind="paid", amount=40 * CREDIT)
+        promo_lanes = {lane.pk for lane in lanes_of(promo)}
+        paid_lanes = {lane.pk for lane in lanes_of(paid)}
+        # 7 credits at a time: lanes of 10 run dry unevenly, and a hold whose chosen
+        # promo lane is short must still take promo credit from the other lanes first.
+        holds = [
+            services.reserve(org=org, amount=7 * CREDIT, idempotency_key=f"job-{i}")
+            for i in range(8)
+        ]
+    promo_left = sum(lane.remaining for lane in lanes_of(promo))
+    for hold in holds[:5]:  # 35 of the promo's 40 credits
+        assert set(drawn(hold)) <= promo_lanes
+    assert promo_left == 0
+    sixth = drawn(holds[5])
+    assert sum(v for k, v in sixth.items() if k in promo_lanes) == 5 * CREDIT
+    assert sum(v for k, v in sixth.items() if k in paid_lanes) == 2 * CREDIT
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_40_threads_reserving_from_the_lanes_of_one_grant_never_overdraw_them(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        grant = services.grant(org=org, kind="paid", amount=40 * CREDIT)
+        # 3 credits each: 13 fit in 40, but a lane of 10 serves only 3; the rest must
+        # come from fallbacks that gather the remainders across lanes.
+        results = run_at_once(
+            40,
+            lambda i: services.reserve(org=org, amount=3 * CREDIT, idempotency_key=f"job-{i}"),
+        )
+    assert Counter(map(outcome, results)) == {"Hold": 13, "InsufficientCredits": 27}
+    lanes = lanes_of(grant)
+    assert sum(lane.held for lane in lanes) == 39 * CREDIT
+    assert sum(lane.remaining for lane in lanes) == CREDIT
+    assert Hold.objects.filter(org=org).count() == 13
+    assert_ledger_consistent()
