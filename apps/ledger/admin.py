@@ -48,6 +48,7 @@ class BucketAdmin(admin.ModelAdmin):
         "org",
         "project",
         "kind",
+        "lane_display",
         "granted",
         "remaining_display",
         "held",
@@ -63,10 +64,22 @@ class BucketAdmin(admin.ModelAdmin):
         ("expired_at", admin.EmptyFieldListFilter),
         "org__tier",
     )
-    search_fields = ("id", "org__name", "project__name", "idempotency_key", "actor")
+    search_fields = (
+        "id",
+        "lane_of__id",
+        "org__name",
+        "project__name",
+        "idempotency_key",
+        "actor",
+    )
     list_select_related = ("org", "project")
     readonly_fields = [f.name for f in Bucket._meta.fields]
     actions = ["grant_more"]
+
+    @admin.display(description="grant / lane")
+    def lane_display(self, obj):
+        """The grant (its first lane's id; search by it to list every lane) and the lane."""
+        return f"{str(obj.grant_id)[:8]} / {obj.lane}"
 
     @admin.display(
         description="remaining",
