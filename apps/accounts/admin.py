@@ -16,6 +16,7 @@ from apps.accounts.operations import ORG_SETTINGS
 from apps.accounts.operator_actions import operator_of
 from apps.ledger import operations as ledger
 from apps.ledger.models import Budget
+from apps.ledger.selectors import budget_usage
 
 BUDGET_SETTINGS = ("limit", "period", "mode")
 
@@ -65,10 +66,22 @@ class BudgetInline(admin.TabularInline):
     model = Budget
     form = BudgetInlineForm
     extra = 0
-    fields = ("project", "user", "limit", "period", "mode", "held", "consumed")
-    readonly_fields = ("held", "consumed")
+    fields = ("project", "user", "limit", "period", "mode", "held_total", "consumed_total")
+    readonly_fields = ("held_total", "consumed_total")
     can_delete = False
     verbose_name_plural = "budgets (limits in micro-credits; 1 credit = 1,000,000)"
+
+    def get_queryset(self, request):
+        # A budget is shown once, as its first lane; its figures add its lanes up.
+        return super().get_queryset(request).filter(lane_of__isnull=True)
+
+    @admin.display(description="held")
+    def held_total(self, obj):
+        return budget_usage(obj)[0] if obj.pk else 0
+
+    @admin.display(description="consumed")
+    def consumed_total(self, obj):
+        return budget_usage(obj)[1] if obj.pk else 0
 
     def get_formset(self, request, obj=None, **kwargs):
         self._org = obj  # the choices of project and user are the org's own

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from apps.accounts.operator_actions import operator_action, operator_of
 from apps.api.errors import GantryError
-from apps.ledger import operations, services
+from apps.ledger import operations, selectors, services
 from apps.ledger.forms import BucketGrantForm, BudgetForm, GrantForm
 from apps.ledger.models import (
     Bucket,
@@ -288,14 +288,37 @@ class BudgetAdmin(admin.ModelAdmin):
         "mode",
         "period",
         "limit",
-        "held",
-        "consumed",
+        "held_total",
+        "consumed_total",
+        "lanes",
         "updated_at",
     )
     list_filter = ("mode", "period")
     search_fields = ("org__name", "project__name", "user__name")
     list_select_related = ("org", "project", "user")
-    readonly_fields = ("held", "consumed", "period_start", "created_at", "updated_at")
+    readonly_fields = (
+        "held_total",
+        "consumed_total",
+        "lanes",
+        "period_start",
+        "created_at",
+        "updated_at",
+    )
+
+    # The lane machinery and the caches are set_budget's: never edited here.
+    exclude = ("lane_of", "lane", "share", "unbalanced", "held", "consumed")
+
+    def get_queryset(self, request):
+        # A budget is listed once, as its first lane; its figures add its lanes up.
+        return super().get_queryset(request).filter(lane_of__isnull=True)
+
+    @admin.display(description="held")
+    def held_total(self, obj):
+        return selectors.budget_usage(obj)[0]
+
+    @admin.display(description="consumed")
+    def consumed_total(self, obj):
+        return selectors.budget_usage(obj)[1]
 
     def get_readonly_fields(self, request, obj=None):
         scope = ("org", "project", "user") if obj is not None else ()

@@ -179,6 +179,9 @@ class Hold(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # Drawn at random by the reservation: the lane of each grant and budget it prefers
+    # (lane % the lanes there are), so that its settlement finds the budget lane it charged.
+    lane = models.IntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ("-created_at", "-id")
@@ -424,12 +427,40 @@ class Budget(models.Model):
     )
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # A budget with a large limit is kept in lanes, like a large grant (Bucket.lane_of):
+    # rows of one scope that the holds of one busy org charge side by side. Each lane
+    # carries `limit` (the budget's) and `share`, its part of a hard limit: a reservation
+    # charges its own lane while that lane stays within its share and no lane is over its
+    # share (`unbalanced`); otherwise it locks every lane of the budget and checks the
+    # whole limit (services.budgets). A hold's lane is hold.lane % lanes, so its
+    # settlement discharges the lane it charged. Held and consumed are the lane's own;
+    # the budget's are the sums over its lanes (selectors.budget_totals).
+    lane_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="other_lanes",
+        db_index=False,
+        help_text="The budget's first lane, for its other lanes; empty for the first.",
+    )
+    lane = models.SmallIntegerField(default=0, db_default=0)
+    lanes = models.SmallIntegerField(default=1, db_default=1)
+    share = models.BigIntegerField(help_text="This lane's part of a hard limit.")
+    unbalanced = models.BooleanField(default=False, db_default=False)
 
     class Meta:
-        ordering = ("org", "project", "user")
+        ordering = ("org", "project", "user", "lane")
         constraints = [
             models.UniqueConstraint(
-                fields=["org", "project", "user"], nulls_distinct=False, name="budget_per_scope"
+                fields=["org", "project", "user", "lane"],
+                nulls_distinct=False,
+                name="budget_lane_per_scope",
+            ),
+            models.CheckConstraint(
+                condition=(Q(lane_of__isnull=True, lane=0) | Q(lane_of__isnull=False, lane__gt=0))
+                & Q(lane__lt=F("lanes"), share__gte=0),
+                name="budget_lane_valid",
             ),
             models.CheckConstraint(condition=Q(limit__gte=0), name="budget_limit_nonnegative"),
             models.CheckConstraint(
@@ -443,6 +474,11 @@ class Budget(models.Model):
 
     def __str__(self):
         return f"{self.scope_label}: {self.mode} {self.limit} µc per {self.period}"
+
+    def save(self, *args, **kwargs):
+        if self.share is None:  # a budget made outside set_budget: one lane, all of it
+            self.share = self.limit
+        super().save(*args, **kwargs)
 
     @property
     def level(self) -> int:

@@ -72,7 +72,7 @@ def set_budget(
 ) -> Budget:
     """Create or change the budget of one scope (services.set_budget), recorded as
     budget.set with the scope's settings before (empty for a new budget) and after."""
-    current = Budget.objects.filter(org=org, project=project, user=user).first()
+    current = Budget.objects.filter(org=org, project=project, user=user, lane=0).first()
     with operator_action(
         actor=actor,
         action="budget.set",

@@ -10,7 +10,7 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from apps.ledger.allocation import burn_key
-from apps.ledger.models import Bucket, BucketKind, Entry
+from apps.ledger.models import Bucket, BucketKind, Budget, Entry
 from apps.ledger.services._store import db_now
 
 EXPIRING_SOON = timedelta(days=7)
@@ -126,3 +126,23 @@ def grant_totals(bucket: Bucket) -> GrantTotals:
         created_at=bucket.created_at,
         **sums,
     )
+
+
+def budget_usage(budget: Budget) -> tuple[int, int]:
+    """(held, consumed) of a budget: the sums over its lanes (Budget.lane_of), consumed
+    counting only the current month of a month budget (database clock)."""
+    first_id = budget.lane_of_id or budget.pk
+    lanes = Budget.objects.filter(Q(pk=first_id) | Q(lane_of_id=first_id))
+    now = db_now()
+    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    held = consumed = 0
+    for lane in lanes.only("held", "consumed", "period", "period_start"):
+        held += lane.held
+        stale = lane.period == "month" and lane.period_start and lane.period_start < month
+        consumed += 0 if stale else lane.consumed
+    return held, consumed
+
+
+def budgets_of(*, org) -> QuerySet[Budget]:
+    """The org's budgets, each as its first lane."""
+    return Budget.objects.filter(org=org, lane_of__isnull=True)

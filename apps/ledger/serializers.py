@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from apps.ledger import selectors
 from apps.ledger.models import BucketKind, Budget, BudgetMode, BudgetPeriod, Entry
 
 MAX_AMOUNT = 2**62  # far beyond any grant; keeps arithmetic within BIGINT
@@ -39,6 +40,17 @@ class BudgetRequestSerializer(serializers.Serializer):
 
 
 class BudgetSerializer(serializers.ModelSerializer):
+    """A budget (its first lane) with held and consumed added up over its lanes."""
+
+    held = serializers.SerializerMethodField()
+    consumed = serializers.SerializerMethodField()
+
+    def get_held(self, budget) -> int:
+        return selectors.budget_usage(budget)[0]
+
+    def get_consumed(self, budget) -> int:
+        return selectors.budget_usage(budget)[1]
+
     class Meta:
         model = Budget
         fields = [

@@ -1,5 +1,6 @@
-"""Lanes: a large grant is issued as several bucket rows of one rank, so that the holds of
-one busy org draw from them side by side instead of queueing on one row."""
+"""Lanes: a large grant is issued as several bucket rows of one rank, and a large budget is
+kept in several rows, so that the holds of one busy org draw and charge side by side
+instead of queueing on one row."""
 
 from collections import Counter
 
@@ -7,9 +8,9 @@ import pytest
 from django.db.models import Q, Sum
 from django.test import override_settings
 
-from apps.api.errors import InsufficientCredits
+from apps.api.errors import BudgetExceeded, InsufficientCredits
 from apps.ledger import selectors, services
-from apps.ledger.models import Bucket, Hold, HoldAllocation
+from apps.ledger.models import Bucket, Budget, BudgetAlert, Hold, HoldAllocation
 from apps.ledger.services.buckets import lane_shares
 from tests.factories import OrgFactory
 from tests.ledger.factories import CREDIT
@@ -156,4 +157,96 @@ def test_40_threads_reserving_from_the_lanes_of_one_grant_never_overdraw_them(
     assert sum(lane.held for lane in lanes) == 39 * CREDIT
     assert sum(lane.remaining for lane in lanes) == CREDIT
     assert Hold.objects.filter(org=org).count() == 13
+    assert_ledger_consistent()
+
+
+# --- budgets ------------------------------------------------------------------------------
+
+
+def budget_lanes(budget) -> list[Budget]:
+    return list(Budget.objects.filter(Q(pk=budget.pk) | Q(lane_of=budget.pk)).order_by("lane"))
+
+
+@pytest.mark.django_db
+def test_a_large_budget_is_four_lanes_whose_shares_add_up_to_its_limit(
+    operator, assert_ledger_consistent
+):
+    org = OrgFactory()
+    with LANES:
+        services.grant(org=org, kind="paid", amount=100 * CREDIT)
+        services.reserve(org=org, amount=5 * CREDIT, idempotency_key="before")
+        response = operator.put(
+            "/v1/budgets",
+            {"org": str(org.id), "limit": 40 * CREDIT, "period": "month", "mode": "hard"},
+            format="json",
+        )
+    assert response.status_code == 200, response.content
+    assert (response.json()["limit"], response.json()["held"]) == (40 * CREDIT, 5 * CREDIT)
+    lanes = budget_lanes(Budget.objects.get(org=org, lane=0))
+    assert [lane.share for lane in lanes] == [10 * CREDIT] * 4
+    assert {lane.lanes for lane in lanes} == {4} and not any(lane.unbalanced for lane in lanes)
+    assert sum(lane.held for lane in lanes) == 5 * CREDIT  # the earlier hold, in its lane
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_40_threads_against_a_hard_budget_in_lanes_never_take_it_over_its_limit(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        services.grant(org=org, kind="paid", amount=1000 * CREDIT)
+        budget = services.set_budget(org=org, limit=40 * CREDIT, period="total", mode="hard")
+        # 3 credits each: a lane's share of 10 takes three; the 13th needs the whole budget.
+        results = run_at_once(
+            40,
+            lambda i: services.reserve(org=org, amount=3 * CREDIT, idempotency_key=f"job-{i}"),
+        )
+    assert Counter(map(outcome, results)) == {"Hold": 13, "BudgetExceeded": 27}
+    assert selectors.budget_usage(budget) == (39 * CREDIT, 0)
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db
+def test_a_budget_lowered_below_its_usage_takes_no_hold_until_usage_is_back_under_it(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        services.grant(org=org, kind="paid", amount=1000 * CREDIT)
+        holds = [
+            services.reserve(org=org, amount=6 * CREDIT, idempotency_key=f"job-{i}")
+            for i in range(5)
+        ]
+        budget = services.set_budget(org=org, limit=20 * CREDIT, period="total", mode="hard")
+        assert any(lane.unbalanced for lane in budget_lanes(budget))
+        # Settling one hold frees room in its lane, but 24 of 20 are still in use.
+        services.settle(holds[0], reason="done", final_usage=0)
+        with pytest.raises(BudgetExceeded):
+            services.reserve(org=org, amount=CREDIT, idempotency_key="over")
+        for hold in holds[1:3]:
+            services.settle(hold, reason="done", final_usage=0)
+        # 12 of 20 in use: the complete check takes it and rebalances the lanes.
+        services.reserve(org=org, amount=8 * CREDIT, idempotency_key="fits")
+    assert selectors.budget_usage(budget) == (20 * CREDIT, 0)
+    with LANES, pytest.raises(BudgetExceeded):
+        services.reserve(org=org, amount=1, idempotency_key="one-too-many")
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db
+def test_a_soft_budget_in_lanes_allows_the_hold_and_records_one_alert_with_its_totals(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        services.grant(org=org, kind="paid", amount=1000 * CREDIT)
+        budget = services.set_budget(org=org, limit=20 * CREDIT, period="month", mode="soft")
+        for i in range(3):
+            services.reserve(org=org, amount=6 * CREDIT, idempotency_key=f"job-{i}")
+        assert not BudgetAlert.objects.exists()
+        hold = services.reserve(org=org, amount=6 * CREDIT, idempotency_key="over")
+    (alert,) = BudgetAlert.objects.all()
+    assert (alert.budget_id, alert.hold_id) == (budget.pk, hold.pk)
+    assert (alert.held, alert.consumed, alert.limit) == (24 * CREDIT, 0, 20 * CREDIT)
     assert_ledger_consistent()

@@ -234,10 +234,11 @@ class LockedHold:
     metered_at: datetime | None
     settled_at: datetime | None
     created_at: datetime
+    lane: int
 
     COLUMNS = (
         "id, org_id, project_id, user_id, job_ref, idempotency_key, amount, captured, "
-        "refunded, usage, state, reason, expires_at, metered_at, settled_at, created_at"
+        "refunded, usage, state, reason, expires_at, metered_at, settled_at, created_at, lane"
     )
 
 

@@ -124,9 +124,13 @@ def lane_shares(amount: int) -> list[int]:
     """How a grant of `amount` is split into lanes (one share: no split). The shares
     differ by at most one micro-credit and add up to `amount`."""
     most = ledger_setting("BUCKET_LANES", 8)
-    lanes = max(1, min(most, amount // ledger_setting("LANE_MIN", 10**9)))
-    base, extra = divmod(amount, lanes)
-    return [base + (n < extra) for n in range(lanes)]
+    return split_evenly(amount, max(1, min(most, amount // ledger_setting("LANE_MIN", 10**9))))
+
+
+def split_evenly(amount: int, parts: int) -> list[int]:
+    """`amount` in `parts` that differ by at most one and add up to it, larger first."""
+    base, extra = divmod(amount, parts)
+    return [base + (n < extra) for n in range(parts)]
 
 
 def _replay(bucket: Bucket, request: dict) -> Bucket:

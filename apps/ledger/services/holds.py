@@ -161,9 +161,9 @@ WITH cand AS (
 ), hi AS (
     INSERT INTO ledger_hold (id, org_id, project_id, user_id, job_ref, requested_amount,
                              amount, captured, refunded, usage, state, idempotency_key,
-                             expires_at, reason, created_at)
+                             expires_at, reason, created_at, lane)
     SELECT %(hold)s, %(org)s, %(project)s, %(user)s, %(job)s, %(amount)s, %(amount)s, 0, 0, 0,
-           'active', %(key)s, e.at, '', statement_timestamp()
+           'active', %(key)s, e.at, '', statement_timestamp(), %(lane)s
       FROM (SELECT coalesce(%(expires_at)s::timestamptz,
                             statement_timestamp() + %(ttl)s * interval '1 second') AS at) e
      WHERE (SELECT ok FROM drawn) AND e.at > statement_timestamp()
@@ -195,7 +195,7 @@ SELECT statement_timestamp(), (SELECT coalesce(sum(available), 0) FROM cand),
        (SELECT count(*) FROM na) + (SELECT count(*) FROM e) + (SELECT count(*) FROM ub),
        (SELECT count(*) FROM ga),
        {lane_fallback},
-       CASE WHEN NOT ({budget_ok}) THEN ledger_raise('{code}', {message}) END
+       {budget_checks}
 """
 
 # The fast statement's sources: one lane of each grant, the first funded one at or after
@@ -214,24 +214,27 @@ CASE WHEN NOT (SELECT ok FROM drawn)
 """
 
 
-def _reserve_sql(sources: str, *, lane_fallback: str) -> str:
+def _reserve_sql(sources: str, *, lanes: str, lane_fallback: str) -> str:
     guard = "EXISTS (SELECT 1 FROM hi)"
-    parts, (ok, code, message) = budgets.statement_parts(
-        charge=True, guard=guard, now="statement_timestamp()"
+    parts, checks = budgets.statement_parts(
+        charge=True, guard=guard, now="statement_timestamp()", lanes=lanes
     )
     ctes = ",\n".join(f"{name} AS ({sql})" for name, sql in parts)
+    refusals = ",\n".join(
+        f"CASE WHEN NOT ({ok}) THEN ledger_raise('{code}', {message}) END"
+        for ok, code, message in checks
+    )
     return (
         _RESERVE.replace("{sources}", sources)
         .replace("{budgets}", ctes)
-        .replace("{budget_ok}", ok)
-        .replace("{code}", code)
-        .replace("{message}", message)
+        .replace("{budget_checks}", refusals)
         .replace("{lane_fallback}", lane_fallback)
     )
 
 
-RESERVE_FROM_LANES = _reserve_sql(_ONE_LANE_EACH, lane_fallback=_FALLBACK)
-RESERVE = _reserve_sql(_EVERY_BUCKET, lane_fallback="NULL")
+# The fast statement: one lane of each grant and budget. The complete one: all of them.
+RESERVE_FROM_LANES = _reserve_sql(_ONE_LANE_EACH, lanes="own", lane_fallback=_FALLBACK)
+RESERVE = _reserve_sql(_EVERY_BUCKET, lanes="all", lane_fallback="NULL")
 BUDGET_LOCK = f"SELECT {budget_lock_sql('%(org)s::text')}"
 
 
@@ -266,6 +269,7 @@ def reserve(
     project_id, user_id = getattr(project, "pk", None), getattr(user, "pk", None)
     request = (amount, project_id, user_id)
     hold_id = uuid.uuid4()
+    lane = random.randrange(2**30)  # which lane of each grant and budget it prefers
     params = {
         "hold": hold_id,
         "org": org.pk,
@@ -282,7 +286,8 @@ def reserve(
         "g_user": user_id,
         "g_amount": amount,
         "g_hold": hold_id,
-        "lane": random.randrange(2**30),
+        "lane": lane,
+        "g_lane": lane,
     }
     try:
         now, available, hold_expires_at, alerts = _draw(RESERVE_FROM_LANES, params, org_id=org.pk)
@@ -323,6 +328,7 @@ def reserve(
         idempotency_key=idempotency_key,
         expires_at=hold_expires_at,
         created_at=now,
+        lane=lane,
     )
     hold._state.adding = False
     hold._state.db = "default"
@@ -332,7 +338,7 @@ def reserve(
 def _draw(statement: str, params: dict, *, org_id) -> tuple:
     """Run one reservation statement in its own transaction (or savepoint)."""
     with LedgerTransaction() as tx:
-        now, available, hold_expires_at, _written, alerts, _fallback, _ok = tx.write(
+        now, available, hold_expires_at, _written, alerts, *_checks = tx.write(
             statement, params, first=[(BUDGET_LOCK, {"org": org_id})]
         )
     return now, available, hold_expires_at, alerts
@@ -463,6 +469,7 @@ def extend(hold, *, amount: int, expires_at: datetime | None = None) -> Hold:
             project_id=locked.project_id,
             user_id=locked.user_id,
             amount=amount,
+            lane=locked.lane,
         )
         _flush(changes, tx, op="extend")
     BUDGET_ALERTS.inc(changes.counts.get("ga", 0))
@@ -587,6 +594,7 @@ def _close(hold_id, *, state, reason, final_usage, attempt_key, op) -> SettleRes
             user_id=hold.user_id,
             amount=hold.amount,
             captured=hold.captured,
+            lane=hold.lane,
         )
         _flush(changes, tx, op=op)
         hold.state, hold.refunded, hold.reason, hold.settled_at = state, refunded, reason, now

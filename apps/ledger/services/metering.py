@@ -34,6 +34,7 @@ from apps.ledger.services._store import (
 )
 
 MAX_ATTEMPT_KEY = 200
+HOLD_COLUMNS = len(LockedHold.COLUMNS.split(", "))
 
 
 @dataclass(frozen=True)
@@ -136,11 +137,12 @@ def lock_holds(
         [attempt_key, ids] if join else [ids],
         first=first,
     )
-    holds = {row[0]: LockedHold(*row[:16]) for row in rows}
+    n = HOLD_COLUMNS
+    holds = {row[0]: LockedHold(*row[:n]) for row in rows}
     now = rows[0][-2 if budget_lock else -1] if rows else db_now()
     marks = None
     if attempt_key is not None:
-        marks = {(row[0], attempt_key): (row[16], row[17]) for row in rows if row[16] is not None}
+        marks = {(row[0], attempt_key): (row[n], row[n + 1]) for row in rows if row[n] is not None}
     return holds, now, marks
 
 
@@ -215,12 +217,12 @@ def lock_one(
     )
     if not rows:
         raise Hold.DoesNotExist(f"No hold {hold_id}.")
-    first = rows[0]
+    first, n = rows[0], HOLD_COLUMNS
     marks = None
     if attempt_key is not None:
-        marks = {(first[0], attempt_key): (first[16], first[17])} if first[16] is not None else {}
-    allocations = [AllocationRow(*row[18:28]) for row in rows]
-    return LockedHold(*first[:16]), first[28], marks, allocations
+        marks = {(first[0], attempt_key): (first[n], first[n + 1])} if first[n] is not None else {}
+    allocations = [AllocationRow(*row[n + 2 : n + 12]) for row in rows]
+    return LockedHold(*first[:n]), first[n + 12], marks, allocations
 
 
 def apply_usage(

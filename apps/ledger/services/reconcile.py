@@ -179,10 +179,34 @@ CHECKS: dict[str, tuple[str, str]] = {
                WHERE h.org_id = b.org_id
                  AND (b.project_id IS NULL OR h.project_id = b.project_id)
                  AND (b.user_id IS NULL OR h.user_id = b.user_id)
+                 AND h.lane %% b.lanes = b.lane
           ) x
          WHERE (b.held, b.consumed) <> (x.held, x.consumed)
         """,
-        "budget caches equal the holds beneath them",
+        "budget caches (each lane's) equal the holds beneath them",
+    ),
+    "budget_lanes_inconsistent": (
+        """
+        SELECT 'budget:' || coalesce(b.lane_of_id, b.id),
+               format('%%s lanes of %%s, shares add up to %%s for a limit of %%s%%s',
+                      count(*), max(b.lanes), sum(b.share), max(b."limit"),
+                      CASE WHEN bool_or(b.mode = 'hard' AND NOT b.unbalanced
+                                        AND b.held + c.consumed > b.share)
+                           THEN ', a lane over its share while none is marked unbalanced'
+                           ELSE '' END)
+          FROM ledger_budget b
+         CROSS JOIN LATERAL (
+              SELECT CASE WHEN b.period = 'month'
+                               AND b.period_start < date_trunc('month', now(), 'UTC')
+                          THEN 0 ELSE b.consumed END AS consumed
+         ) c
+         GROUP BY coalesce(b.lane_of_id, b.id)
+        HAVING count(*) <> max(b.lanes) OR min(b.lanes) <> max(b.lanes)
+            OR min(b."limit") <> max(b."limit") OR sum(b.share) <> max(b."limit")
+            OR bool_or(b.mode = 'hard' AND NOT b.unbalanced AND b.held + c.consumed > b.share)
+        """,
+        "a budget's lanes add up to its limit, and a hard one charges a lane past its share "
+        "only while it is marked unbalanced",
     ),
 }
 
