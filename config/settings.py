@@ -166,7 +166,8 @@ GANTRY_GPU_TYPE_CACHE_S = env.float("GANTRY_GPU_TYPE_CACHE_S", default=10.0)
 GANTRY_TIER_AGGREGATE_RATE = {"free": {"rate_per_s": 50.0, "burst": 200}}
 # A grant of at least 2 x GANTRY_LEDGER_LANE_MIN micro-credits is issued as up to
 # GANTRY_LEDGER_BUCKET_LANES lanes (bucket rows of one rank) that concurrent holds draw
-# from side by side: one busy org does not queue on one bucket row.
+# from side by side, and a budget with such a limit is kept in as many lanes: one busy
+# org does not queue on one bucket or budget row.
 GANTRY_LEDGER_BUCKET_LANES = env.int("GANTRY_LEDGER_BUCKET_LANES", default=8)
 GANTRY_LEDGER_LANE_MIN = env.int("GANTRY_LEDGER_LANE_MIN", default=1_000_000_000)
 # A job's credit hold may be reclaimed by recovery only after max_runtime_s plus this.
