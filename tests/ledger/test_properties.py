@@ -215,27 +215,19 @@ class LedgerMachine(RuleBasedStateMachine):
             assert 0 <= bucket.consumed + bucket.held + bucket.expired <= bucket.granted
 
 
+HISTORIES = settings(
+    max_examples=25,
+    stateful_step_count=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
 def test_random_ledger_histories_keep_every_invariant(usage_redis):
-    run_state_machine_as_test(
-        LedgerMachine,
-        settings=settings(
-            max_examples=25,
-            stateful_step_count=20,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-        ),
-    )
+    run_state_machine_as_test(LedgerMachine, settings=HISTORIES)
 
 
-def test_random_histories_on_grants_issued_as_lanes_keep_every_invariant(usage_redis):
-    """The same, with grants of 40,000 µc and more split into up to four lanes."""
+def test_random_histories_on_grants_and_budgets_in_lanes_keep_every_invariant(usage_redis):
+    """The same, with grants and budget limits of 40,000 µc and more in up to four lanes."""
     with override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=20_000):
-        run_state_machine_as_test(
-            LedgerMachine,
-            settings=settings(
-                max_examples=25,
-                stateful_step_count=20,
-                deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-            ),
-        )
+        run_state_machine_as_test(LedgerMachine, settings=HISTORIES)
