@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from apps.api.errors import BudgetExceeded, Conflict, InsufficientCredits
-from apps.ledger import services
+from apps.ledger import selectors, services
 from apps.ledger.models import Bucket, Hold, HoldState
 from apps.ledger.services._store import db_now
 from tests.factories import OrgFactory, ProjectFactory
@@ -94,6 +94,11 @@ class LedgerMachine(RuleBasedStateMachine):
             org=self.org, project=self._scope(scoped), amount=amount, idempotency_key=key
         )
         assert again.pk == hold.pk
+        # Invariant 7: a hold was admitted only within every hard budget above it.
+        for budget in selectors.budgets_of(org=self.org).filter(mode="hard"):
+            if budget.project_id in (None, hold.project_id):
+                held, consumed = selectors.budget_usage(budget)
+                assert held + consumed <= budget.limit
         self.usage[hold.pk] = 0
         return hold
 
