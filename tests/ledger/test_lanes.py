@@ -5,9 +5,11 @@ instead of queueing on one row."""
 from collections import Counter
 
 import pytest
+from django.db import transaction
 from django.db.models import Q, Sum
 from django.test import override_settings
 
+from apps.accounts.models import Org
 from apps.api.errors import BudgetExceeded, InsufficientCredits
 from apps.ledger import selectors, services
 from apps.ledger.models import Bucket, Budget, BudgetAlert, Hold, HoldAllocation
@@ -249,4 +251,22 @@ def test_a_soft_budget_in_lanes_allows_the_hold_and_records_one_alert_with_its_t
     (alert,) = BudgetAlert.objects.all()
     assert (alert.budget_id, alert.hold_id) == (budget.pk, hold.pk)
     assert (alert.held, alert.consumed, alert.limit) == (24 * CREDIT, 0, 20 * CREDIT)
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fallback_inside_the_callers_transaction_keeps_that_transaction(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        services.grant(org=org, kind="paid", amount=40 * CREDIT)
+        with transaction.atomic():
+            OrgFactory(name="written-before")  # the caller's own work in the transaction
+            # 35 of 40 credits: no lane has that much, so the lane statement falls back
+            # (rolled back to its savepoint) and the complete one draws from every lane.
+            hold = services.reserve(org=org, amount=35 * CREDIT, idempotency_key="big")
+            assert len(drawn(hold)) == 4
+    assert Hold.objects.filter(pk=hold.pk).exists()
+    assert Org.objects.filter(name="written-before").exists()
     assert_ledger_consistent()
