@@ -168,7 +168,7 @@ GANTRY_TIER_AGGREGATE_RATE = {"free": {"rate_per_s": 50.0, "burst": 200}}
 # GANTRY_LEDGER_BUCKET_LANES lanes (bucket rows of one rank) that concurrent holds draw
 # from side by side, and a budget with such a limit is kept in as many lanes: one busy
 # org does not queue on one bucket or budget row.
-GANTRY_LEDGER_BUCKET_LANES = env.int("GANTRY_LEDGER_BUCKET_LANES", default=8)
+GANTRY_LEDGER_BUCKET_LANES = env.int("GANTRY_LEDGER_BUCKET_LANES", default=16)
 GANTRY_LEDGER_LANE_MIN = env.int("GANTRY_LEDGER_LANE_MIN", default=1_000_000_000)
 # A job's credit hold may be reclaimed by recovery only after max_runtime_s plus this.
 GANTRY_HOLD_QUEUE_ALLOWANCE_S = env.int("GANTRY_HOLD_QUEUE_ALLOWANCE_S", default=24 * 3600)

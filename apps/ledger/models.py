@@ -179,8 +179,9 @@ class Hold(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
-    # Drawn at random by the reservation: the lane of each grant and budget it prefers
-    # (lane % the lanes there are), so that its settlement finds the budget lane it charged.
+    # The reserving session's lane number (services.holds.preferred_lane): the lane of
+    # each grant and budget it prefers (lane % the lanes there are), kept so that its
+    # settlement discharges the budget lane it charged.
     lane = models.IntegerField(default=0, db_default=0)
 
     class Meta:

@@ -14,6 +14,7 @@ from apps.api.errors import BudgetExceeded, InsufficientCredits
 from apps.ledger import selectors, services
 from apps.ledger.models import Bucket, Budget, BudgetAlert, Hold, HoldAllocation
 from apps.ledger.services.buckets import lane_shares
+from apps.ledger.services.holds import preferred_lane
 from tests.factories import OrgFactory
 from tests.ledger.factories import CREDIT
 from tests.ledger.test_races import outcome, run_at_once
@@ -84,19 +85,34 @@ def test_the_same_grant_replayed_answers_the_first_bucket_and_issues_nothing_mor
 
 
 @pytest.mark.django_db
-def test_a_hold_draws_from_one_lane_when_its_lane_has_room(assert_ledger_consistent):
+def test_a_sessions_holds_draw_from_its_lane_then_from_the_next_one_with_funds(
+    assert_ledger_consistent,
+):
     org = OrgFactory()
     with LANES:
         grant = services.grant(org=org, kind="paid", amount=40 * CREDIT)
         holds = [
             services.reserve(org=org, amount=CREDIT, idempotency_key=f"job-{i}") for i in range(12)
         ]
-    lane_ids = {lane.pk for lane in lanes_of(grant)}
-    for hold in holds:
-        (bucket_id,) = drawn(hold)
-        assert bucket_id in lane_ids
-    # Holds pick their lane at random: twelve of them do not all land on one.
-    assert len({next(iter(drawn(hold))) for hold in holds}) > 1
+    lanes = lanes_of(grant)
+    own = lanes[preferred_lane() % 4].pk
+    assert [next(iter(drawn(hold))) for hold in holds[:10]] == [own] * 10  # one lane each
+    (next_lane,) = {next(iter(drawn(hold))) for hold in holds[10:]}
+    assert next_lane != own and len(drawn(holds[11])) == 1
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_sessions_of_one_org_draw_from_different_lanes(assert_ledger_consistent):
+    org = OrgFactory()
+    with LANES:
+        grant = services.grant(org=org, kind="paid", amount=40 * CREDIT)
+        holds = run_at_once(
+            8, lambda i: services.reserve(org=org, amount=CREDIT, idempotency_key=f"job-{i}")
+        )
+    assert {type(hold) for hold in holds} == {Hold}
+    used = {bucket for hold in holds for bucket in drawn(hold)}
+    assert used <= {lane.pk for lane in lanes_of(grant)} and len(used) > 1
     assert_ledger_consistent()
 
 

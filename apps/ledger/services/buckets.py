@@ -123,7 +123,7 @@ def _issue(*, org, project, kind, amount, expires_at, key, actor) -> Bucket:
 def lane_shares(amount: int) -> list[int]:
     """How a grant of `amount` is split into lanes (one share: no split). The shares
     differ by at most one micro-credit and add up to `amount`."""
-    most = ledger_setting("BUCKET_LANES", 8)
+    most = ledger_setting("BUCKET_LANES", 16)
     return split_evenly(amount, max(1, min(most, amount // ledger_setting("LANE_MIN", 10**9))))
 
 

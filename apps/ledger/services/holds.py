@@ -14,13 +14,12 @@ changes only while it runs (see services._store).
 
 from __future__ import annotations
 
-import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from apps.api.errors import Conflict, GantryError, InsufficientCredits
 from apps.ledger import locks
@@ -107,7 +106,7 @@ SELECT b.id, b.kind, b.expires_at, b.created_at,
 # and (only then) the allocations, entries, bucket caches and budgets.
 #
 # Lanes (Bucket.lane_of): the lanes of one grant are one rank, and a reservation locks
-# only one of them, the first funded lane at or after the hold's own lane number, so
+# only one of them, the first funded lane at or after the session's lane number, so
 # that concurrent holds of one org draw side by side. {sources} is that choice in the
 # fast statement and every eligible funded bucket in the complete one. The fast one
 # draws nothing and raises LANE_FALLBACK when its lanes cannot serve the hold in burn
@@ -269,7 +268,7 @@ def reserve(
     project_id, user_id = getattr(project, "pk", None), getattr(user, "pk", None)
     request = (amount, project_id, user_id)
     hold_id = uuid.uuid4()
-    lane = random.randrange(2**30)  # which lane of each grant and budget it prefers
+    lane = preferred_lane()
     params = {
         "hold": hold_id,
         "org": org.pk,
@@ -333,6 +332,16 @@ def reserve(
     hold._state.adding = False
     hold._state.db = "default"
     return hold
+
+
+def preferred_lane() -> int:
+    """The lane number of this database session: the lane of each grant and budget its
+    reservations prefer. Concurrent sessions have distinct backend pids, so the busy
+    sessions of one org spread over the lanes (a random number per hold would make two
+    of them collide often)."""
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    return db.connection.info.backend_pid
 
 
 def _draw(statement: str, params: dict, *, org_id) -> tuple:
