@@ -41,8 +41,7 @@ from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.selectors import GpuTypeInfo
 from apps.jobs.services import admission, webhooks
-
-MAX_GPU_COUNT = 8
+from apps.jobs.validation import MAX_GPU_COUNT
 
 
 @dataclass(frozen=True)
