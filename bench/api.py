@@ -347,8 +347,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="connections per process")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
-    parser.add_argument("--server-workers", type=int, default=4)
-    parser.add_argument("--server-threads", type=int, default=2)
+    # The API's own settings (config/gunicorn.py: gthread, 4 threads; 3 workers by default).
+    parser.add_argument("--server-workers", type=int, default=3)
+    parser.add_argument("--server-threads", type=int, default=4)
     parser.add_argument("--worker-class", default="gthread")
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
