@@ -16,6 +16,7 @@ throughput, p50/p99 latency and the ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import multiprocessing as mp
@@ -59,15 +60,15 @@ def client_process(
     project: str,
     mode: str,
     threads: int,
+    start: float,
     warmup: float,
     duration: float,
     out,
 ):
-    """One process of `threads` closed-loop clients (thread i submits with keys[i % len]);
-    sends (latencies, statuses) to `out`."""
+    """One process of `threads` closed-loop clients (thread i submits with keys[i % len])
+    from time.monotonic() `start` on; sends (latencies, statuses) to `out`."""
     parts = urlsplit(url)
     body_of = dict(JOB_BODY, project=project)
-    start = time.monotonic() + 0.2
     measure_from, stop_at = start + warmup, start + warmup + duration
     lock = threading.Lock()
     latencies: list[float] = []
@@ -123,12 +124,53 @@ def client_process(
     out.put((latencies, statuses))
 
 
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
+def cpu_groups(client_pids: list[int], server_pid: int | None) -> dict[str, list[int]]:
+    """Process ids by role: the client processes, gunicorn (master and workers), the
+    PostgreSQL backends connected to the scratch database (empty when not local)."""
+    groups = {"clients": client_pids, "gunicorn": [], "postgres": []}
+    if server_pid is not None:
+        groups["gunicorn"] = [server_pid, *children_of(server_pid)]
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    title = Path(f"/proc/{entry}/cmdline").read_bytes()
+                    if title.startswith(b"postgres:") and f" {SCRATCH_DB} ".encode() in title:
+                        groups["postgres"].append(int(entry))
+    return groups
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (those still alive)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
 def began_in_window(now: float, measure_from: float, stop_at: float) -> bool:
     return measure_from <= now < stop_at
 
 
-def run_load(args, mode: str, keys: list[str], project: str) -> dict:
+def run_load(args, mode: str, keys: list[str], project: str, server_pid: int | None) -> dict:
     out = mp.Queue()
+    # CLOCK_MONOTONIC is system-wide: every process starts, and the window opens, together.
+    start = time.monotonic() + 0.5
     # Process p's thread i is client p * threads + i: with one org per client, each
     # client submits for its own org.
     procs = [
@@ -140,6 +182,7 @@ def run_load(args, mode: str, keys: list[str], project: str) -> dict:
                 project,
                 mode,
                 args.threads,
+                start,
                 args.warmup,
                 args.duration,
                 out,
@@ -149,6 +192,14 @@ def run_load(args, mode: str, keys: list[str], project: str) -> dict:
     ]
     for proc in procs:
         proc.start()
+    # CPU spent in the measured window by the clients, gunicorn and the bench database's
+    # PostgreSQL backends (Linux /proc; absent elsewhere or for a remote server).
+    sleep_until(start + args.warmup)
+    groups = cpu_groups([proc.pid for proc in procs], server_pid)
+    cpu_before = {name: cpu_seconds(pids) for name, pids in groups.items()}
+    sleep_until(start + args.warmup + args.duration)
+    groups = cpu_groups([proc.pid for proc in procs], server_pid)
+    cpu_used = {name: cpu_seconds(pids) - cpu_before[name] for name, pids in groups.items()}
     latencies, statuses = [], {}
     for _ in procs:
         lat, st = out.get()
@@ -158,7 +209,11 @@ def run_load(args, mode: str, keys: list[str], project: str) -> dict:
     for proc in procs:
         proc.join()
     ok = sum(n for status, n in statuses.items() if 200 <= status < 300)
+    requests = sum(statuses.values())
     return {
+        "cpu_ms": {name: used * 1000 / requests for name, used in cpu_used.items()}
+        if requests
+        else {},
         "ok_per_s": ok / args.duration,
         "requests": sum(statuses.values()),
         "statuses": dict(sorted(statuses.items())),
@@ -292,8 +347,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="connections per process")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
-    parser.add_argument("--server-workers", type=int, default=4)
-    parser.add_argument("--server-threads", type=int, default=2)
+    # The API's own settings (config/gunicorn.py: gthread, 4 threads; 3 workers by default).
+    parser.add_argument("--server-workers", type=int, default=3)
+    parser.add_argument("--server-threads", type=int, default=4)
     parser.add_argument("--worker-class", default="gthread")
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -312,14 +368,21 @@ def main(argv=None) -> int:
         keys, project = info["keys"], info["project"]
     try:
         clients = args.processes * args.threads
+        served_by = (
+            f"gunicorn {args.worker_class} {args.server_workers} workers x "
+            f"{args.server_threads} threads"
+            if server is not None
+            else "the given server"
+        )
         print(
-            f"server {args.url}; {clients} keep-alive clients "
+            f"server {args.url} ({served_by}); {clients} keep-alive clients "
             f"({args.processes} processes x {args.threads} threads) for {len(keys)} org(s); "
             f"{args.warmup:g} s warm-up, {args.duration:g} s measured; {os.cpu_count()} CPUs"
         )
         load_before = os.getloadavg()[0]
-        submit = run_load(args, "submit", keys, project)
-        health = run_load(args, "health", keys, project)
+        server_pid = server.pid if server is not None else None
+        submit = run_load(args, "submit", keys, project, server_pid)
+        health = run_load(args, "health", keys, project, server_pid)
         load_after = os.getloadavg()[0]
     finally:
         if server is not None:
@@ -335,6 +398,11 @@ def main(argv=None) -> int:
             f"p99 {result['p99_ms']:6.1f} ms  mean {result['mean_ms']:6.1f} ms  "
             f"statuses {result['statuses']}"
         )
+    for name, result in (("POST /v1/jobs", submit), ("GET /healthz", health)):
+        if result["cpu_ms"]:
+            parts = ", ".join(f"{who} {ms:.2f}" for who, ms in result["cpu_ms"].items())
+            total = sum(result["cpu_ms"].values())
+            print(f"{name:14s} CPU ms per request: {parts}; total {total:.2f}")
     # Other work on the machine skews every figure: say how busy it was.
     print(f"load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}")
     ratio = submit["ok_per_s"] / health["ok_per_s"] if health["ok_per_s"] else float("nan")

@@ -67,6 +67,9 @@ TEMPLATES = [
 # PostgreSQL only. The launcher sets DATABASE_URL (embedded server or yours).
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/gantry")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("GANTRY_DB_CONN_MAX_AGE", default=60)
+# Reused connections are pinged at a request's start only after idling a few seconds
+# (config/postgresql/base.py): under load that ping was a round trip per request.
+DATABASES["default"]["ENGINE"] = "config.postgresql"
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Django turns psycopg's prepared statements off (prepare_threshold None); the ledger's
 # hot statements (server-side bound, apps.ledger.services._store.execute) are prepared

@@ -8,6 +8,8 @@ handler404 = "apps.api.errors.json_not_found"
 handler500 = "apps.api.errors.json_server_error"
 
 v1 = [
+    # First: job submission is the hottest path, and Django tries the patterns in order.
+    path("", include("apps.jobs.urls")),
     path(
         "schema/",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
@@ -22,15 +24,14 @@ v1 = [
     ),
     path("", include("apps.accounts.urls")),
     path("", include("apps.ledger.urls")),
-    path("", include("apps.jobs.urls")),
     path("", include("apps.scheduler.urls")),
     path("", include("apps.scheduler.urls_audit")),
 ]
 
 urlpatterns = [
+    path("v1/", include(v1)),
     path("healthz", health.healthz),
     path("readyz", health.readyz),
     path("metrics", health.metrics),
     path("admin/", admin.site.urls),
-    path("v1/", include(v1)),
 ]

@@ -28,7 +28,11 @@ ACTIVE_STATUSES = frozenset({JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.P
 
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    org = models.ForeignKey("accounts.Org", on_delete=models.PROTECT, related_name="jobs")
+    # No index of its own: job_org_recent and job_org_status lead with org (every
+    # submission inserts into each index of this table).
+    org = models.ForeignKey(
+        "accounts.Org", on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
     project = models.ForeignKey("accounts.Project", on_delete=models.PROTECT, related_name="jobs")
     user = models.ForeignKey(
         "accounts.User", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
@@ -49,8 +53,9 @@ class Job(models.Model):
     max_runtime_s = models.PositiveIntegerField()
     preemptible = models.BooleanField(default=True)
     webhook_url = models.URLField(max_length=2000, blank=True)
-    # sha256 of canonical params + resources: dedup and poison containment.
-    fingerprint = models.CharField(max_length=64, db_index=True)
+    # sha256 of canonical params + resources: dedup and poison containment. Looked up by
+    # equality only: a plain index (job_fingerprint), not db_index's extra LIKE index.
+    fingerprint = models.CharField(max_length=64)
 
     # Admission.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
@@ -93,6 +98,7 @@ class Job(models.Model):
             models.Index(fields=["org", "-created_at"], name="job_org_recent"),
             models.Index(fields=["status", "queued_at"], name="job_status_queue"),
             models.Index(fields=["org", "status"], name="job_org_status"),
+            models.Index(fields=["fingerprint"], name="job_fingerprint"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -220,7 +226,8 @@ class GpuAssignment(models.Model):
 class JobEvent(models.Model):
     """One transition of a job; append-only (a trigger refuses UPDATE and DELETE)."""
 
-    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="events")
+    # Indexed by jobevent_job_at, which leads with job.
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="events", db_index=False)
     attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT)
     at = models.DateTimeField(db_default=models.functions.Now())
     from_status = models.CharField(max_length=16, blank=True)

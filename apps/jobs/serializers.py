@@ -6,6 +6,7 @@ from datetime import UTC
 
 from rest_framework import serializers
 
+from apps.jobs import validation
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.services import results
 
@@ -80,14 +81,16 @@ class ResultLinkSerializer(serializers.Serializer):
 
 
 class ResourcesSerializer(serializers.Serializer):
-    gpu_count = serializers.IntegerField(min_value=1, max_value=8, default=1)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=validation.MAX_GPU_COUNT, default=1)
     gpu_types = serializers.ListField(
-        child=serializers.CharField(max_length=32),
+        child=serializers.CharField(max_length=validation.MAX_GPU_TYPE_LENGTH),
         required=False,
-        max_length=32,
+        max_length=validation.MAX_GPU_TYPES,
         help_text="Allowed GPU types, most preferred first; empty or absent: any.",
     )
-    min_gpu_memory_gb = serializers.IntegerField(min_value=0, max_value=1_000_000, default=0)
+    min_gpu_memory_gb = serializers.IntegerField(
+        min_value=0, max_value=validation.MAX_GPU_MEMORY_GB, default=0
+    )
 
     def to_internal_value(self, data):
         _refuse_unknown_fields(self, data)
@@ -131,11 +134,17 @@ def _refuse_unknown_fields(serializer: serializers.Serializer, data) -> None:
             raise serializers.ValidationError({unknown[0]: ["Unknown field."]})
 
 
+# The schema of the submission body and the reference of its validation: the view
+# validates with apps.jobs.validation.validate_submit_body, which agrees with this
+# serializer (tests/jobs/test_submit_validation.py) at a fraction of its cost. (Not in the
+# docstring: that becomes the schema's public description.)
 class JobSubmitSerializer(serializers.Serializer):
     """The body of POST /v1/jobs (the Idempotency-Key header is required)."""
 
     project = serializers.CharField(
-        required=False, max_length=200, help_text="Project id or name (default: the key's)."
+        required=False,
+        max_length=validation.MAX_PROJECT_LENGTH,
+        help_text="Project id or name (default: the key's).",
     )
     params = serializers.DictField(help_text="Passed to the generator as JSON.")
     resources = ResourcesSerializer(required=False)
@@ -143,7 +152,9 @@ class JobSubmitSerializer(serializers.Serializer):
         min_value=1, help_text="Seconds; the credit hold covers this on the priciest type."
     )
     preemptible = serializers.BooleanField(default=True)
-    webhook_url = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+    webhook_url = serializers.CharField(
+        required=False, allow_blank=True, max_length=validation.MAX_WEBHOOK_URL_LENGTH
+    )
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):

@@ -30,6 +30,7 @@ from apps.jobs.serializers import (
 )
 from apps.jobs.services import admission, results, submission, webhooks
 from apps.jobs.services.cancel import cancel_job
+from apps.jobs.validation import validate_submit_body
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     "Idempotency-Key",
@@ -100,9 +101,7 @@ class JobListView(GenericAPIView):
         key = _idempotency_key(request)
         org = principal.org
         admission.admit(org)
-        serializer = JobSubmitSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validate_submit_body(request.data)
         resources = data.get("resources") or {}
         spec = submission.JobSpec(
             params=data["params"],

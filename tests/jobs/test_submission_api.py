@@ -167,6 +167,11 @@ def test_submission_records_the_keys_user(org, project):
         ({"webhook_url": "https://[::1]/hook"}, "webhook_url"),
         ({"webhook_url": "https://localhost/hook"}, "webhook_url"),
         ({"priority": "high"}, "priority"),
+        ({"preemptible": "maybe"}, "preemptible"),
+        ({"params": None}, "params"),
+        ({"resources": "big"}, "resources"),
+        ({"resources": {"gpu_types": ["H100", ""]}}, "resources.gpu_types.1"),
+        ({"resources": {"gpu_count": "two"}}, "resources.gpu_count"),
     ],
 )
 def test_invalid_submission_is_400_naming_the_field(tenant, project, change, field):
@@ -183,6 +188,14 @@ def test_missing_required_fields_are_named(tenant, project):
     response = submit(tenant, {"project": "video", "params": {}})
     assert response.status_code == 400
     assert response.json()["error"]["field"] == "max_runtime_s"
+
+
+def test_a_body_that_is_not_an_object_is_400_naming_no_field(tenant, project):
+    response = submit(tenant, [spec_body(project="video")])
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"code": "invalid", "message": "Expected a JSON object.", "field": None}
+    }
 
 
 def test_another_orgs_project_is_unknown(tenant, project):

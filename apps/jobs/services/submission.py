@@ -21,6 +21,7 @@ with the same key.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -36,13 +37,12 @@ from django.utils import timezone
 
 from apps.accounts.models import Org, Project, User
 from apps.api.errors import Conflict, GantryError
-from apps.api.sql import execute
+from apps.api.sql import execute, execute_last
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.selectors import GpuTypeInfo
 from apps.jobs.services import admission, webhooks
-
-MAX_GPU_COUNT = 8
+from apps.jobs.validation import MAX_GPU_COUNT
 
 
 @dataclass(frozen=True)
@@ -372,10 +372,11 @@ def submit_job(
             actor=actor,
             data={"hold": str(hold.id), "amount": hold.amount, **_request_of_submission()},
         )
+        wake_dispatcher()  # on commit
         # The reserve locked the org's credit buckets: from here to the commit is one
-        # round trip, so they stay locked as briefly as possible.
-        insert_rows(job, event)
-        wake_dispatcher()
+        # round trip (the COMMIT goes with the INSERT), so they stay locked as briefly
+        # as possible. Nothing may follow it in this block.
+        insert_rows(job, event, last=True)
     return Submission(job=job, allowed_types=allowed)
 
 
@@ -388,7 +389,7 @@ def _request_of_submission() -> dict:
     return {"request_id": request_id} if request_id else {}
 
 
-def insert_rows(*instances) -> None:
+def insert_rows(*instances, last: bool = False) -> None:
     """INSERT new model instances in one statement and one round trip.
 
     What Model.save() would write for each concrete field (auto_now_add and Python
@@ -397,41 +398,73 @@ def insert_rows(*instances) -> None:
     submission hot path. Plain rows only: no signals, no auto-increment primary keys
     returned. Foreign keys among the rows are checked at commit (Django creates them
     DEFERRABLE INITIALLY DEFERRED), so the order of the inserts does not matter.
+
+    `last`: nothing else runs in the current atomic block after this; if it is the
+    outermost block, the COMMIT is sent with the INSERT (apps.api.sql.execute_last).
     """
     db = connections[DEFAULT_DB_ALIAS]  # the real wrapper: the proxy costs per access
-    quote = db.ops.quote_name
-    statements, params = [], []
+    shape, params = [], []
     for instance in instances:
-        columns, values = [], []
-        for model_field in instance._meta.concrete_fields:
+        kinds = []
+        for model_field in _insert_fields(type(instance)):
             value = model_field.pre_save(instance, add=True)
             if isinstance(value, DatabaseDefault) or (
                 value is None and model_field.primary_key and model_field.db_returning
             ):
-                continue  # the database fills it in
-            columns.append(quote(model_field.column))
-            if isinstance(value, Now):
-                values.append("STATEMENT_TIMESTAMP()")
+                kinds.append(_DEFAULT)  # the database fills it in
+            elif isinstance(value, Now):
+                kinds.append(_NOW)
             elif hasattr(value, "resolve_expression"):
                 raise TypeError(f"{model_field.name}: unsupported expression {value!r}")
             else:
-                values.append("%s")
+                kinds.append(_VALUE)
                 params.append(model_field.get_db_prep_save(value, db))
-        table = quote(instance._meta.db_table)
+        shape.append((type(instance), tuple(kinds)))
+    shape = tuple(shape)
+    sql = _insert_sql.get(shape)
+    if sql is None:
+        sql = _insert_sql[shape] = _build_insert_sql(shape, db.ops.quote_name)
+    if last:
+        execute_last(db, sql, params)
+    else:
+        db.ensure_connection()
+        execute(db.connection, sql, params)
+    for instance in instances:
+        instance._state.adding = False
+        instance._state.db = db.alias
+
+
+# How insert_rows writes each column of a row.
+_VALUE, _NOW, _DEFAULT = "value", "now", "default"
+# The statement text depends only on the models and which columns are defaulted or Now():
+# built once per such shape (its columns walked and quoted once, not per submission).
+_insert_sql: dict[tuple, str] = {}
+
+
+@functools.cache
+def _insert_fields(model) -> tuple:
+    return tuple(model._meta.concrete_fields)
+
+
+def _build_insert_sql(shape: tuple, quote) -> str:
+    statements = []
+    for model, kinds in shape:
+        columns, values = [], []
+        for model_field, kind in zip(_insert_fields(model), kinds, strict=True):
+            if kind == _DEFAULT:
+                continue
+            columns.append(quote(model_field.column))
+            values.append("STATEMENT_TIMESTAMP()" if kind == _NOW else "%s")
+        table = quote(model._meta.db_table)
         # Identifiers from model metadata (quoted); every value is a bound parameter.
         statements.append(
             f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(values)})"  # noqa: S608
         )
     # Data-modifying CTEs: all rows in one statement of the current transaction, bound
-    # server-side and prepared (the text only varies with which columns are defaulted).
+    # server-side and prepared.
     *first, last = statements
     ctes = ", ".join(f"w{i} AS ({stmt})" for i, stmt in enumerate(first))
-    sql = f"WITH {ctes} {last}" if ctes else last
-    db.ensure_connection()
-    execute(db.connection, sql, params)
-    for instance in instances:
-        instance._state.adding = False
-        instance._state.db = db.alias
+    return f"WITH {ctes} {last}" if ctes else last
 
 
 def _create_deduplicated(common: dict, *, source: Job, actor: str) -> Job:
