@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import uuid
 from datetime import datetime
 
 import psycopg
@@ -85,9 +86,16 @@ def execute_last(db, sql: str, params) -> None:
         pg.execute("COMMIT")
 
 
+# Types whose str() is already their array element text.
+_PLAIN_TYPES = frozenset({int, uuid.UUID})
+
+
 def array_literal(values: list) -> str:
     """A list as PostgreSQL array text ('{...}'). Building it costs a fraction of
-    psycopg's per-element array adaptation, which dominated the write path's CPU."""
+    psycopg's per-element array adaptation, which dominated the write path's CPU; ids
+    and amounts (most of the ledger's arrays) take a faster way still."""
+    if set(map(type, values)) <= _PLAIN_TYPES:
+        return "{" + ",".join(map(str, values)) + "}"
     return "{" + ",".join(map(_array_element, values)) + "}"
 
 
