@@ -15,8 +15,8 @@ from apps.accounts.models import APIKey, OperatorAction, Org, Project, User
 from apps.accounts.operations import ORG_SETTINGS
 from apps.accounts.operator_actions import operator_of
 from apps.ledger import operations as ledger
+from apps.ledger.admin import budget_usage_of_row as _usage_of
 from apps.ledger.models import Budget
-from apps.ledger.selectors import budget_usage
 
 BUDGET_SETTINGS = ("limit", "period", "mode")
 
@@ -77,11 +77,11 @@ class BudgetInline(admin.TabularInline):
 
     @admin.display(description="held")
     def held_total(self, obj):
-        return budget_usage(obj)[0] if obj.pk else 0
+        return _usage_of(obj)[0] if obj.pk else 0
 
     @admin.display(description="consumed")
     def consumed_total(self, obj):
-        return budget_usage(obj)[1] if obj.pk else 0
+        return _usage_of(obj)[1] if obj.pk else 0
 
     def get_formset(self, request, obj=None, **kwargs):
         self._org = obj  # the choices of project and user are the org's own

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from django.db.models import Count, F, Q, QuerySet, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import BigIntegerField, Case, Count, F, Q, QuerySet, Sum, When
+from django.db.models.functions import Coalesce, Now, TruncMonth
 
 from apps.ledger.allocation import burn_key
 from apps.ledger.models import Bucket, BucketKind, Budget, Entry
@@ -130,17 +130,18 @@ def grant_totals(bucket: Bucket) -> GrantTotals:
 
 def budget_usage(budget: Budget) -> tuple[int, int]:
     """(held, consumed) of a budget: the sums over its lanes (Budget.lane_of), consumed
-    counting only the current month of a month budget (database clock)."""
+    counting only the current month of a month budget (database clock), in one query."""
     first_id = budget.lane_of_id or budget.pk
-    lanes = Budget.objects.filter(Q(pk=first_id) | Q(lane_of_id=first_id))
-    now = db_now()
-    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    held = consumed = 0
-    for lane in lanes.only("held", "consumed", "period", "period_start"):
-        held += lane.held
-        stale = lane.period == "month" and lane.period_start and lane.period_start < month
-        consumed += 0 if stale else lane.consumed
-    return held, consumed
+    this_month = TruncMonth(Now(), tzinfo=UTC)
+    stale = Q(period="month", period_start__lt=this_month)
+    sums = Budget.objects.filter(Q(pk=first_id) | Q(lane_of_id=first_id)).aggregate(
+        held=Sum("held", default=0),
+        consumed=Sum(
+            Case(When(stale, then=0), default=F("consumed"), output_field=BigIntegerField()),
+            default=0,
+        ),
+    )
+    return sums["held"], sums["consumed"]
 
 
 def budgets_of(*, org) -> QuerySet[Budget]:
