@@ -103,6 +103,13 @@ def test_a_sessions_holds_draw_from_its_lane_then_from_the_next_one_with_funds(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_sessions_are_numbered_in_turn_and_keep_their_lane_number():
+    lanes = run_at_once(8, lambda i: (preferred_lane(), preferred_lane()))
+    assert all(first == again for first, again in lanes)  # one number per session
+    assert {first % 8 for first, _ in lanes} == set(range(8))  # eight sessions, eight lanes
+
+
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_sessions_of_one_org_draw_from_different_lanes(assert_ledger_consistent):
     org = OrgFactory()
     with LANES:

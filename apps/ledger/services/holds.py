@@ -15,6 +15,7 @@ changes only while it runs (see services._store).
 from __future__ import annotations
 
 import uuid
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -336,12 +337,21 @@ def reserve(
 
 def preferred_lane() -> int:
     """The lane number of this database session: the lane of each grant and budget its
-    reservations prefer. Concurrent sessions have distinct backend pids, so the busy
-    sessions of one org spread over the lanes (a random number per hold would make two
-    of them collide often)."""
+    reservations prefer. Sessions are numbered in the order they first reserve (a
+    sequence), so the busy sessions of one org take the lanes in turn; a random number
+    per hold, or the backend pid, would make two of them collide often."""
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
-    return db.connection.info.backend_pid
+    pg = db.connection
+    lane = _SESSION_LANES.get(pg)
+    if lane is None:
+        lane = _SESSION_LANES[pg] = pg.execute(SESSION_LANE).fetchone()[0]
+    return lane
+
+
+SESSION_LANE = "SELECT nextval('ledger_session_lane')"
+# psycopg connection -> its lane number; forgotten with the connection.
+_SESSION_LANES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _draw(statement: str, params: dict, *, org_id) -> tuple:
