@@ -76,6 +76,13 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # once per connection, which saves re-planning their CTEs on every call. The ORM's
 # client-side-bound queries are never prepared either way.
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+# ...and run with their generic plan. In "auto" mode PostgreSQL compares the generic
+# plan's cost with custom plans that know each array parameter's length, finds those
+# cheaper, and re-plans a settlement's statement on every call (about 1 ms of CPU, a
+# fifth of a reserve+settle pair). Only prepared statements are affected: the ORM's
+# queries carry their values inline.
+_options = DATABASES["default"]["OPTIONS"].get("options", "")
+DATABASES["default"]["OPTIONS"]["options"] = f"{_options} -c plan_cache_mode=force_generic_plan"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")

@@ -496,6 +496,8 @@ class Changes:
         params.update({f"e_{n}": col for n, col in zip(names, columns, strict=True)})
         expired = "LEFT JOIN lb ON lb.id = m.bucket" if self.lock_buckets else ""
         applies = "(NOT m.if_expired OR lb.gone)" if self.lock_buckets else "NOT m.if_expired"
+        # ORDER BY: entry ids in the order of the moves, each debit before its credit,
+        # whatever join order the plan takes.
         return f"""e AS (INSERT INTO ledger_entry (txn, org_id, bucket_id, account,
                                                   counter_account, amount, kind, hold_id,
                                                   job_id, idempotency_key, usage_until, memo,
@@ -508,13 +510,15 @@ class Changes:
                                        %(e_kind)s::text[], %(e_hold)s::uuid[], %(e_job)s::uuid[],
                                        %(e_key)s::text[], %(e_until)s::timestamptz[],
                                        %(e_memo)s::text[], %(e_if_expired)s::boolean[])
+                                WITH ORDINALITY
                                 AS m(txn, org, bucket, source, target, amount, kind, hold, job,
-                                     key, until, memo, if_expired)
+                                     key, until, memo, if_expired, n)
                            {expired}
                           CROSS JOIN LATERAL (VALUES (m.source, m.target, -m.amount),
                                                      (m.target, m.source, m.amount))
                                 AS leg(account, counter, amount)
                           WHERE {self.guard} AND {applies}
+                          ORDER BY m.n, leg.amount
                          RETURNING 1)"""
 
     def _holds_sql(self, params: dict) -> str:
