@@ -21,6 +21,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import platform
 import signal
 import socket
 import statistics
@@ -379,6 +380,8 @@ def main(argv=None) -> int:
             f"({args.processes} processes x {args.threads} threads) for {len(keys)} org(s); "
             f"{args.warmup:g} s warm-up, {args.duration:g} s measured; {os.cpu_count()} CPUs"
         )
+        # The interpreter's build moves the server's CPU per request (see the Makefile).
+        print(f"server's Python: {platform.python_version()} ({os.path.realpath(sys.executable)})")
         load_before = os.getloadavg()[0]
         server_pid = server.pid if server is not None else None
         submit = run_load(args, "submit", keys, project, server_pid)
