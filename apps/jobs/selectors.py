@@ -106,9 +106,11 @@ def submission_request_id(job_id) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def queued_count(org_id) -> int:
-    """The org's jobs waiting in the queue (what max_queued limits)."""
-    return Job.objects.filter(org_id=org_id, status=JobStatus.QUEUED).count()
+def queued_count(org_id, *, up_to: int | None = None) -> int:
+    """The org's jobs waiting in the queue (what max_queued limits), counted up to
+    `up_to` when given: a quota check reads at most that many index entries."""
+    queued = Job.objects.filter(org_id=org_id, status=JobStatus.QUEUED)
+    return (queued[:up_to] if up_to is not None else queued).count()
 
 
 def outstanding_counts(org_id) -> dict[str, int]:

@@ -9,6 +9,7 @@ from django.db import connection
 from django.test import override_settings
 
 from apps.accounts.models import Tier
+from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.jobs.services.submission import JobSpec, fingerprint_of
 from apps.ledger.models import Hold
@@ -298,6 +299,21 @@ def test_full_queue_is_429_quota_exceeded(project, org):
     assert answers[2].json()["error"]["code"] == "quota_exceeded"
     assert int(answers[2]["Retry-After"]) >= 1
     assert Hold.objects.count() == 2
+
+
+def test_queue_longer_than_a_lowered_quota_is_refused_and_counted_only_up_to_it(project, org):
+    JobFactory.create_batch(5, org=org, project=project, status=JobStatus.QUEUED)
+    org.max_queued_jobs = 3
+    org.save()
+    assert selectors.queued_count(org.id, up_to=3) == 3
+    assert selectors.queued_count(org.id) == 5
+    response = submit(client_with(org_key(org)), spec_body(project="video"))
+    assert response.status_code == 429
+    error = response.json()["error"]
+    assert error["code"] == "quota_exceeded"
+    assert "limit of 3 queued jobs" in error["message"]
+    assert Job.objects.filter(org=org).count() == 5
+    assert not Hold.objects.filter(org=org).exists()
 
 
 def test_running_jobs_do_not_count_against_the_queue_quota(project, org):

@@ -219,21 +219,22 @@ def check_queue_quota(org: Org, *, queued: int | None = None) -> None:
     caller already counted them). Far below the limit the count is a plain read;
     within GANTRY_QUOTA_LOCK_MARGIN of it, the org's submissions serialise on a
     transaction-scoped advisory lock and recount, so concurrent submissions cannot
-    overshoot the limit.
+    overshoot the limit. Counts stop at the limit: a full queue costs no more to refuse
+    than a short one.
     """
     limit = org_limits(org).max_queued
     if queued is None:
-        queued = selectors.queued_count(org.id)
+        queued = selectors.queued_count(org.id, up_to=limit)
     if queued + settings.GANTRY_QUOTA_LOCK_MARGIN >= limit:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"quota|{org.id}"]
             )
-        queued = selectors.queued_count(org.id)
+        queued = selectors.queued_count(org.id, up_to=limit)
     if queued >= limit:
         metrics.count_refusal(tier=org.tier, reason="quota_exceeded")
         raise RateLimited(
-            f"The org already has {queued} queued jobs (limit {limit}).",
+            f"The org's queue is full: it has its limit of {limit} queued jobs or more.",
             code="quota_exceeded",
             retry_after=settings.GANTRY_QUOTA_RETRY_AFTER_S,
         )

@@ -255,12 +255,17 @@ _SNAPSHOT_SQL = """
 SELECT
     (SELECT id FROM jobs_job WHERE org_id = %(org)s AND idempotency_key = %(key)s),
     EXISTS (SELECT 1 FROM jobs_quarantinedfingerprint WHERE fingerprint = %(fp)s),
-    (SELECT count(*) FROM jobs_job WHERE org_id = %(org)s AND status = %(queued)s)
+    (SELECT count(*) FROM (
+        SELECT FROM jobs_job WHERE org_id = %(org)s AND status = %(queued)s LIMIT %(up_to)s
+    ) AS queued)
 """
 
 
-def _lock_and_read(org_id, key: str, fingerprint: str) -> _AdmissionSnapshot:
-    """Take the (org, Idempotency-Key) lock for this transaction, then read the snapshot."""
+def _lock_and_read(org_id, key: str, fingerprint: str, *, up_to: int) -> _AdmissionSnapshot:
+    """Take the (org, Idempotency-Key) lock for this transaction, then read the snapshot.
+
+    The org's queued jobs are counted up to `up_to` (its queue quota): what the quota
+    check needs, at a cost that does not grow with a long queue."""
     # Two prepared statements, one round trip (a pipeline): in READ COMMITTED each
     # statement takes its own snapshot, so the read runs after the lock is granted and
     # sees what the lock's previous holder committed.
@@ -271,7 +276,13 @@ def _lock_and_read(org_id, key: str, fingerprint: str) -> _AdmissionSnapshot:
         cursor = execute(
             db.connection,
             _SNAPSHOT_SQL,
-            {"org": org_id, "key": key, "fp": fingerprint, "queued": JobStatus.QUEUED.value},
+            {
+                "org": org_id,
+                "key": key,
+                "fp": fingerprint,
+                "queued": JobStatus.QUEUED.value,
+                "up_to": up_to,
+            },
         )
     existing, quarantined, queued = cursor.fetchone()
     return _AdmissionSnapshot(existing, quarantined, queued)
@@ -311,7 +322,8 @@ def submit_job(
     fingerprint = fingerprint_of(spec)
     key = idempotency_key or f"internal:{uuid.uuid4()}"
     with transaction.atomic():
-        snapshot = _lock_and_read(org.id, key, fingerprint)
+        quota = admission.org_limits(org).max_queued if enforce_quota else 0
+        snapshot = _lock_and_read(org.id, key, fingerprint, up_to=quota)
         if snapshot.existing_job_id is not None:
             existing = Job.objects.select_related("hold").get(pk=snapshot.existing_job_id)
             if existing.request_digest != request_digest:
