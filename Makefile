@@ -4,7 +4,7 @@
 # The virtualenv's interpreter: the system's CPython when it is 3.11 or newer and can
 # make a virtualenv, else the first python3 on PATH. Distributions build CPython with
 # PGO and LTO (as does the python Docker image of docker-compose.yml); a pyenv build
-# without --enable-optimizations ran the API ~13 % slower per request (bench/api.py).
+# without --enable-optimizations ran the API 8-13 % slower per request (bench/api.py).
 PYTHON ?= $(or $(shell /usr/bin/python3 -c \
 	'import sys, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
 	&& echo /usr/bin/python3),python3)
