@@ -40,8 +40,9 @@ RECONCILE_LAST_RUN = Gauge(
 
 
 def count(op: str, outcome: str = "ok") -> None:
-    """Count an operation. The services count "ok" once their transaction has committed
-    (or, inside a caller's transaction, once their savepoint has)."""
+    """Count an operation. The services count "ok" once their transaction has committed;
+    a reservation inside a caller's transaction, once the caller's has (others once
+    their savepoint is released)."""
     OPERATIONS.labels(op=op, outcome=outcome).inc()
 
 

@@ -42,6 +42,25 @@ def test_a_reservation_inside_the_callers_transaction_commits_or_rolls_back_with
     assert_ledger_consistent()
 
 
+def test_a_reservation_is_counted_when_the_callers_transaction_commits_not_before():
+    org = OrgFactory()
+    BucketFactory(org=org, granted=10 * CREDIT)
+    BudgetFactory(org=org, limit=CREDIT, mode="soft")
+    ok_before = operations("reserve", "ok")
+    alerts_before = REGISTRY.get_sample_value("gantry_ledger_budget_alerts_total") or 0.0
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.reserve(org=org, amount=2 * CREDIT, idempotency_key="rolled-back")
+        raise RuntimeError("the job row could not be written")
+    assert operations("reserve", "ok") == ok_before
+
+    with transaction.atomic():
+        services.reserve(org=org, amount=2 * CREDIT, idempotency_key="kept")
+        assert operations("reserve", "ok") == ok_before  # not yet committed
+    assert operations("reserve", "ok") == ok_before + 1
+    assert REGISTRY.get_sample_value("gantry_ledger_budget_alerts_total") == alerts_before + 1
+
+
 def test_a_hard_budget_refusal_in_its_own_transaction_leaves_nothing_behind(
     assert_ledger_consistent,
 ):
