@@ -1,5 +1,8 @@
 """Prometheus series of the ledger (served by /metrics with the rest of the process)."""
 
+from collections.abc import Callable
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from prometheus_client import Counter, Gauge, Histogram
 
 OPERATIONS = Counter(
@@ -39,11 +42,31 @@ RECONCILE_LAST_RUN = Gauge(
 )
 
 
+def after_commit(callback: Callable[[], None]) -> None:
+    """Run `callback` once the caller's transaction commits (dropped if it rolls back);
+    at once when there is none (a service's own transaction has committed by now)."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.in_atomic_block:
+        transaction.on_commit(callback, using=db.alias)
+    else:
+        callback()
+
+
 def count(op: str, outcome: str = "ok") -> None:
-    """Count an operation. The services count "ok" once their transaction has committed;
-    a reservation inside a caller's transaction, once the caller's has (others once
-    their savepoint is released)."""
-    OPERATIONS.labels(op=op, outcome=outcome).inc()
+    """Count an operation. "ok" counts what was written, so it is counted once the
+    caller's transaction commits (see after_commit); a refusal or a replay is counted at
+    once, whatever the caller's transaction does next."""
+    counter = OPERATIONS.labels(op=op, outcome=outcome)
+    if outcome == "ok":
+        after_commit(counter.inc)
+    else:
+        counter.inc()
+
+
+def count_budget_alerts(alerts: int) -> None:
+    """Count soft-budget alerts written by a reservation, once they are committed."""
+    if alerts:
+        after_commit(lambda: BUDGET_ALERTS.inc(alerts))
 
 
 def count_moved(legs) -> None:

@@ -61,6 +61,21 @@ def test_a_reservation_is_counted_when_the_callers_transaction_commits_not_befor
     assert REGISTRY.get_sample_value("gantry_ledger_budget_alerts_total") == alerts_before + 1
 
 
+def test_a_settlement_rolled_back_with_the_callers_transaction_is_not_counted():
+    org = OrgFactory()
+    BucketFactory(org=org, granted=10 * CREDIT)
+    hold = services.reserve(org=org, amount=2 * CREDIT, idempotency_key="job")
+    settled_before = operations("settle", "ok")
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.settle(hold, reason="done", final_usage=CREDIT)
+        raise RuntimeError("the job's transition could not be written")
+    assert operations("settle", "ok") == settled_before
+
+    services.settle(hold, reason="done", final_usage=CREDIT)
+    assert operations("settle", "ok") == settled_before + 1
+
+
 def test_a_hard_budget_refusal_in_its_own_transaction_leaves_nothing_behind(
     assert_ledger_consistent,
 ):

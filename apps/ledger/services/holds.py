@@ -14,7 +14,6 @@ changes only while it runs (see services._store).
 
 from __future__ import annotations
 
-import functools
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from apps.api.errors import Conflict, GantryError, InsufficientCredits
 from apps.ledger import locks
 from apps.ledger.allocation import Source, burn_key, plan_draw
-from apps.ledger.metrics import BUDGET_ALERTS, count
+from apps.ledger.metrics import count, count_budget_alerts
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
 from apps.ledger.services import budgets
 from apps.ledger.services._store import (
@@ -291,14 +290,14 @@ def reserve(
         "g_lane": lane,
     }
     try:
-        now, available, hold_expires_at = _draw(RESERVE_FROM_LANES, params, org_id=org.pk)
+        now, available, hold_expires_at, alerts = _draw(RESERVE_FROM_LANES, params, org_id=org.pk)
     except psycopg.Error as error:
         if error.sqlstate != LANE_FALLBACK:
             raise _refusal(error, op="reserve") from error
         # The chosen lanes could not serve it (rolled back: nothing held, no lock kept).
         count("reserve", "lane_fallback")
         try:
-            now, available, hold_expires_at = _draw(RESERVE, params, org_id=org.pk)
+            now, available, hold_expires_at, alerts = _draw(RESERVE, params, org_id=org.pk)
         except psycopg.Error as again:
             raise _refusal(again, op="reserve") from again
     if hold_expires_at is None:  # nothing was written
@@ -315,6 +314,8 @@ def reserve(
             f"Not enough credit: {available} µc available, {amount} µc requested.",
             field="amount",
         )
+    count_budget_alerts(alerts)
+    count("reserve")
     hold = Hold(
         id=hold_id,
         org=org,
@@ -354,23 +355,12 @@ _SESSION_LANES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _draw(statement: str, params: dict, *, org_id) -> tuple:
-    """Run one reservation statement in its own transaction (or savepoint).
-
-    A hold it wrote is counted ("ok", and any soft-budget alerts) once the transaction
-    commits: inside a caller's transaction that is the caller's commit, so a submission
-    that rolls back after its reservation counts nothing."""
+    """Run one reservation statement in its own transaction (or savepoint)."""
     with LedgerTransaction() as tx:
         now, available, hold_expires_at, _written, alerts, *_checks = tx.write(
             statement, params, first=[(BUDGET_LOCK, {"org": org_id})]
         )
-        if hold_expires_at is not None:
-            tx.after_commit(functools.partial(_count_reserved, alerts))
-    return now, available, hold_expires_at
-
-
-def _count_reserved(alerts: int) -> None:
-    BUDGET_ALERTS.inc(alerts)
-    count("reserve")
+    return now, available, hold_expires_at, alerts
 
 
 def _refusal(error: psycopg.Error, *, op: str) -> Exception:
@@ -501,7 +491,7 @@ def extend(hold, *, amount: int, expires_at: datetime | None = None) -> Hold:
             lane=locked.lane,
         )
         _flush(changes, tx, op="extend")
-    BUDGET_ALERTS.inc(changes.counts.get("ga", 0))
+    count_budget_alerts(changes.counts.get("ga", 0))
     count("extend")
     hold.refresh_from_db()
     return hold
