@@ -152,7 +152,7 @@ def _clients(args) -> tuple[int, int]:
         from django.db import connection
 
         from apps.accounts.models import Org
-        from apps.api.errors import GantryError
+        from apps.core.errors import GantryError
         from apps.ledger import services
 
         rng = random.Random(seed * 1000 + index)

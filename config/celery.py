@@ -12,8 +12,8 @@ from celery.signals import (
     worker_ready,
 )
 
-from apps.api import logging as gantry_logging
-from apps.api import metrics
+from apps.core import logging as gantry_logging
+from apps.core import metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Before any task module creates a metric (prometheus_client writes there at once).

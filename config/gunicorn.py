@@ -3,7 +3,7 @@
     gunicorn config.wsgi -c config/gunicorn.py --bind 127.0.0.1:8000 --workers 3
 
 Every worker process writes its metric samples to PROMETHEUS_MULTIPROC_DIR and /metrics
-adds them up (apps/api/metrics.py), so a scrape that lands on any worker sees the whole
+adds them up (apps/core/metrics.py), so a scrape that lands on any worker sees the whole
 API. Without the variable a directory under the system temp folder is used: several
 processes can never be right with per-process metrics.
 """
@@ -11,7 +11,7 @@ processes can never be right with per-process metrics.
 import os
 import tempfile
 
-from apps.api import metrics
+from apps.core import metrics
 
 # Set before the workers start (and before a --preload'ed app is imported): they inherit it.
 os.environ.setdefault(
@@ -42,7 +42,7 @@ access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-i
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "apps.api.logging.JsonFormatter"}},
+    "formatters": {"json": {"()": "apps.core.logging.JsonFormatter"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json"},
     },

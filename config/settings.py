@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "apps.core",
     "apps.accounts",
     "apps.ledger",
     "apps.scheduler",
@@ -35,7 +36,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "apps.api.middleware.RequestIdMiddleware",
+    "apps.core.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -103,7 +104,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "apps.api.exception_handler.problem_exception_handler",
+    "EXCEPTION_HANDLER": "apps.core.exception_handler.problem_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 
@@ -134,8 +135,8 @@ CELERY_TASK_SEND_SENT_EVENT = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "apps.api.logging.JsonFormatter"}},
-    "filters": {"request_id": {"()": "apps.api.logging.RequestIdFilter"}},
+    "formatters": {"json": {"()": "apps.core.logging.JsonFormatter"}},
+    "filters": {"request_id": {"()": "apps.core.logging.RequestIdFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

@@ -2,10 +2,10 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from apps.api import health
+from apps.core import health
 
-handler404 = "apps.api.errors.json_not_found"
-handler500 = "apps.api.errors.json_server_error"
+handler404 = "apps.core.errors.json_not_found"
+handler500 = "apps.core.errors.json_server_error"
 
 v1 = [
     # First: job submission is the hottest path, and Django tries the patterns in order.

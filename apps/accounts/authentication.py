@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from rest_framework import authentication, exceptions
 
+from apps.accounts.caches import key_cache
 from apps.accounts.models import APIKey
 from apps.accounts.services import digest_key
 
@@ -40,39 +38,6 @@ class Principal:
     @property
     def user_id(self):
         return self.api_key.user_id
-
-
-class ProcessMemo:
-    """A short per-process memory of looked-up rows (API keys, projects): submission is
-    the hot path, and these lookups were a sizeable share of it. A change reaches other
-    processes within GANTRY_API_KEY_CACHE_S; in the changing process at once (forget)."""
-
-    def __init__(self):
-        self._entries: dict = {}
-        self._lock = threading.Lock()
-
-    def get(self, key):
-        entry = self._entries.get(key)
-        if entry is None or entry[0] < time.monotonic():
-            return None
-        return entry[1]
-
-    def put(self, key, value) -> None:
-        ttl = settings.GANTRY_API_KEY_CACHE_S
-        if ttl <= 0:
-            return
-        with self._lock:
-            if len(self._entries) > 10_000:
-                self._entries.clear()
-            self._entries[key] = (time.monotonic() + ttl, value)
-
-    def forget(self, key) -> None:
-        with self._lock:
-            self._entries.pop(key, None)
-
-
-key_cache = ProcessMemo()  # API keys by digest
-project_memo = ProcessMemo()  # project rows by (org id, id or name)
 
 
 class APIKeyAuthentication(authentication.BaseAuthentication):

@@ -18,7 +18,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 
 from apps.accounts.models import OperatorAction, Org
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 
 # Every action an operator can take (admin or API), as recorded in OperatorAction.action.
 ACTIONS = {

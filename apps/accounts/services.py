@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from apps.accounts.caches import key_cache
 from apps.accounts.models import APIKey, Org, Project, User
-from apps.api.errors import Conflict, GantryError
+from apps.core.errors import Conflict, GantryError
 
 KEY_PREFIX = "gk_"
 
@@ -106,8 +107,6 @@ def issue_api_key(
 
 def revoke_api_key(api_key: APIKey) -> APIKey:
     """Revoke once (revoking again keeps the first time); see ProcessMemo for the delay."""
-    from apps.accounts.authentication import key_cache
-
     APIKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     api_key.refresh_from_db(fields=["revoked_at"])
     key_cache.forget(api_key.digest)

@@ -21,9 +21,9 @@ from apps.accounts.serializers import (
     ProjectSerializer,
     UserSerializer,
 )
-from apps.api.errors import GantryError
-from apps.api.idempotency import idempotent
-from apps.api.pagination import OpaqueCursorPagination
+from apps.core.errors import GantryError
+from apps.core.idempotency import idempotent
+from apps.core.pagination import OpaqueCursorPagination
 
 
 class OrgListView(GenericAPIView):

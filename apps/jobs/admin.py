@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from apps.accounts.operator_actions import operator_of
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 from apps.jobs import operations
 from apps.jobs.models import Attempt, Job, JobEvent, QuarantinedFingerprint
 

@@ -2,7 +2,7 @@
 
 The runner's own counters (attempts by exit class, heartbeats, GPU-seconds) are defined
 in services/runner.py. Served by /metrics of whichever process moves them (API for
-admission; the node's worker for the rest; apps/api/metrics.py).
+admission; the node's worker for the rest; apps/core/metrics.py).
 """
 
 from django.db import transaction

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from rest_framework.fields import BooleanField, IntegerField
 
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 
 # Limits shared with the serializer declarations (the schema).
 MAX_GPU_COUNT = 8
@@ -54,7 +54,7 @@ class _Invalid(Exception):
 
 def field_name(path: tuple) -> str | None:
     """The dotted field name the exception handler gives a serializer error at `path`
-    (apps.api.exception_handler._first_validation_error): "non_field_errors" names its
+    (apps.core.exception_handler._first_validation_error): "non_field_errors" names its
     parent, and an empty name is no field at all."""
     name = ""
     for key in path:

@@ -14,10 +14,10 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
 from apps.accounts.models import Project
-from apps.api.errors import GantryError
-from apps.api.idempotency import HEADER as IDEMPOTENCY_HEADER
-from apps.api.idempotency import MAX_KEY_LENGTH, idempotent
-from apps.api.pagination import OpaqueCursorPagination
+from apps.core.errors import GantryError
+from apps.core.idempotency import HEADER as IDEMPOTENCY_HEADER
+from apps.core.idempotency import MAX_KEY_LENGTH, idempotent
+from apps.core.pagination import OpaqueCursorPagination
 from apps.jobs import selectors
 from apps.jobs.models import JobStatus
 from apps.jobs.serializers import (

@@ -11,7 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from apps.accounts.operator_actions import operator_action, operator_of
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 from apps.ledger import operations, selectors, services
 from apps.ledger.forms import BucketGrantForm, BudgetForm, GrantForm
 from apps.ledger.models import (

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from django.db.models import BigIntegerField, Case, Count, F, Q, QuerySet, Sum, When
 from django.db.models.functions import Coalesce, Now, TruncMonth
 
+from apps.core.clock import db_now
 from apps.ledger.allocation import burn_key
 from apps.ledger.models import Bucket, BucketKind, Budget, Entry
-from apps.ledger.services._store import db_now
 
 EXPIRING_SOON = timedelta(days=7)
 

@@ -4,7 +4,8 @@ import logging
 
 from celery import shared_task
 
-from apps.ledger import locks, services
+from apps.core import locks
+from apps.ledger import services
 
 logger = logging.getLogger(__name__)
 

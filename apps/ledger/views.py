@@ -16,9 +16,9 @@ from apps.accounts import selectors as accounts
 from apps.accounts.models import Org, Project, User
 from apps.accounts.operator_actions import api_operator
 from apps.accounts.permissions import IsOperator
-from apps.api.errors import GantryError
-from apps.api.idempotency import HEADER, idempotent
-from apps.api.pagination import OldestFirstCursorPagination
+from apps.core.errors import GantryError
+from apps.core.idempotency import HEADER, idempotent
+from apps.core.pagination import OldestFirstCursorPagination
 from apps.ledger import operations, selectors
 from apps.ledger.serializers import (
     BalanceSerializer,

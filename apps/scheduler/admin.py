@@ -14,7 +14,7 @@ from django.urls import path, reverse
 
 from apps.accounts.models import Org
 from apps.accounts.operator_actions import operator_action, operator_of
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 from apps.scheduler import operations
 from apps.scheduler.models import (
     DispatchDecision,

@@ -33,7 +33,7 @@ from django.utils.dateparse import parse_datetime
 
 from apps.accounts.models import OperatorAction
 from apps.accounts.operator_actions import ACTIONS
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 from apps.jobs.models import JobEvent, JobStatus
 from apps.ledger.models import Entry, EntryKind
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision

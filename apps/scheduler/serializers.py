@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 from apps.scheduler.models import NodeState
 from apps.scheduler.services.fleet import MAX_GPUS_PER_NODE, NODE_NAME_PATTERN
 

@@ -10,9 +10,9 @@ from rest_framework.response import Response
 
 from apps.accounts.operator_actions import api_operator
 from apps.accounts.permissions import IsOperator
-from apps.api.errors import GantryError
-from apps.api.idempotency import idempotent
-from apps.api.pagination import OpaqueCursorPagination
+from apps.core.errors import GantryError
+from apps.core.idempotency import idempotent
+from apps.core.pagination import OpaqueCursorPagination
 from apps.scheduler import operations, selectors
 from apps.scheduler.models import Node, NodeState
 from apps.scheduler.serializers import GpuTypeSerializer, NodeCreateSerializer, NodeSerializer

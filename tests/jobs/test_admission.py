@@ -7,7 +7,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from apps.accounts.models import Tier
-from apps.api.errors import RateLimited
+from apps.core import redis as core_redis
+from apps.core.errors import RateLimited
 from apps.jobs.services import admission
 from tests.factories import OrgFactory
 from tests.jobs.factories import reset_job_state
@@ -51,7 +52,7 @@ def test_paid_orgs_have_no_tier_wide_bucket():
 
 def test_rate_limits_fail_open_when_redis_is_unreachable(monkeypatch):
     dead = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
-    monkeypatch.setattr(admission, "_client", dead)
+    monkeypatch.setattr(core_redis, "_client", dead)
     monkeypatch.setattr(admission, "_bucket_script", dead.register_script("return 0"))
     monkeypatch.setattr(admission, "_redis_down_until", 0.0)
     org = OrgFactory(tier=Tier.FREE, rate_per_s=0.01, rate_burst=1)

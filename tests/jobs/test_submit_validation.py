@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rest_framework.exceptions import ValidationError
 
-from apps.api.errors import GantryError
-from apps.api.exception_handler import problem_exception_handler
+from apps.core.errors import GantryError
+from apps.core.exception_handler import problem_exception_handler
 from apps.jobs.serializers import JobSubmitSerializer
 from apps.jobs.validation import RESOURCE_FIELDS, SUBMIT_FIELDS, validate_submit_body
 from tests.jobs.factories import spec_body

@@ -6,7 +6,7 @@ import pytest
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from apps.api.errors import Conflict, GantryError, InsufficientCredits
+from apps.core.errors import Conflict, GantryError, InsufficientCredits
 from apps.ledger import services
 from apps.ledger.models import Bucket, BucketKind, Entry
 from tests.factories import OrgFactory, ProjectFactory

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from apps.api.errors import BudgetExceeded, GantryError
+from apps.core.errors import BudgetExceeded, GantryError
 from apps.ledger import services
 from apps.ledger.models import Budget, BudgetAlert, Entry, Hold
 from tests.factories import OrgFactory, ProjectFactory, UserFactory

@@ -10,7 +10,7 @@ from django.db.models import Q, Sum
 from django.test import override_settings
 
 from apps.accounts.models import Org
-from apps.api.errors import BudgetExceeded, InsufficientCredits
+from apps.core.errors import BudgetExceeded, InsufficientCredits
 from apps.ledger import selectors, services
 from apps.ledger.models import Bucket, Budget, BudgetAlert, Hold, HoldAllocation
 from apps.ledger.services.buckets import lane_shares

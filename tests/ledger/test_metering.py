@@ -6,11 +6,11 @@ from datetime import timedelta
 import pytest
 from django.db.models.functions import Now
 
-from apps.api.errors import GantryError
+from apps.core.clock import db_now
+from apps.core.errors import GantryError
 from apps.ledger import services
 from apps.ledger.allocation import share_before
 from apps.ledger.models import Bucket, Entry, Hold, HoldAllocation, UsageMark
-from apps.ledger.services._store import db_now
 from tests.factories import OrgFactory
 from tests.ledger.factories import CREDIT, BucketFactory, HoldFactory
 

@@ -27,10 +27,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from apps.api.errors import BudgetExceeded, Conflict, InsufficientCredits
+from apps.core.clock import db_now
+from apps.core.errors import BudgetExceeded, Conflict, InsufficientCredits
 from apps.ledger import selectors, services
 from apps.ledger.models import Bucket, Hold, HoldState
-from apps.ledger.services._store import db_now
 from tests.factories import OrgFactory, ProjectFactory
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from django.db import close_old_connections, connection, transaction
 
-from apps.api.errors import InsufficientCredits
+from apps.core.errors import InsufficientCredits
 from apps.ledger import services
 from apps.ledger.models import Bucket, Budget, Entry, Hold
 from tests.factories import OrgFactory

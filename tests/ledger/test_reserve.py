@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from apps.api.errors import Conflict, GantryError, InsufficientCredits
+from apps.core.errors import Conflict, GantryError, InsufficientCredits
 from apps.ledger import services
 from apps.ledger.allocation import Source, burn_key, plan_draw
 from apps.ledger.models import Bucket, Entry, Hold, HoldAllocation

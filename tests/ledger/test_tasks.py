@@ -6,7 +6,8 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from apps.ledger import locks, services, tasks
+from apps.core import locks
+from apps.ledger import services, tasks
 from apps.ledger.models import Bucket, Hold
 from apps.ledger.schedule import BEAT_SCHEDULE
 from config.celery import app

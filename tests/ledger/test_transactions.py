@@ -5,7 +5,7 @@ from django.db import connection, transaction
 from prometheus_client import REGISTRY
 from psycopg.pq import TransactionStatus
 
-from apps.api.errors import BudgetExceeded, InsufficientCredits
+from apps.core.errors import BudgetExceeded, InsufficientCredits
 from apps.ledger import services
 from apps.ledger.models import Bucket, BudgetAlert, Entry, Hold
 from tests.factories import OrgFactory

@@ -18,7 +18,7 @@ import redis
 from django.conf import settings
 
 from apps.accounts.models import Tier
-from apps.api.logging import (
+from apps.core.logging import (
     ContextFilter,
     JsonFormatter,
     bind_task,

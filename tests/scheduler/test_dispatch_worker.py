@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from apps.core import wakeup
 from apps.jobs.models import JobStatus
-from apps.scheduler import wakeup
 from config.celery import app
 from tests.scheduler.factories import (
     JobFactory,

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 from django.db import connection
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from apps.accounts.models import Org, Tier
-from apps.api.errors import RateLimited
+from apps.core import locks
+from apps.core.errors import RateLimited
+from apps.core.redis import redis_client
 from apps.jobs import metrics, selectors
 
 logger = logging.getLogger(__name__)
@@ -80,25 +80,16 @@ QUEUE_DEPTH_TTL_MS = 1000
 # connect timeout on every submission.
 REDIS_BACKOFF_S = 5.0
 
-_client: redis.Redis | None = None
 _bucket_script = None
 _redis_down_until = 0.0
 
 
-def redis_client() -> redis.Redis:
-    """The jobs app's Redis client for hot, rebuildable state (short timeouts, no retry)."""
-    global _client, _bucket_script
-    if _client is None:
-        client = redis.Redis.from_url(
-            settings.REDIS_URL,
-            socket_timeout=0.5,
-            socket_connect_timeout=0.5,
-            retry=Retry(NoBackoff(), 0),
-        )
-        # The script first: a thread that sees the client must also see the script.
-        _bucket_script = client.register_script(RATE_LIMIT_LUA)
-        _client = client
-    return _client
+def _rate_limit_script():
+    """The token-bucket script, registered once on the process's Redis client."""
+    global _bucket_script
+    if _bucket_script is None:
+        _bucket_script = redis_client().register_script(RATE_LIMIT_LUA)
+    return _bucket_script
 
 
 def _redis_available() -> bool:
@@ -159,8 +150,7 @@ def check_rate(org: Org, *, cost: int = 1) -> None:
     if not _redis_available():
         return
     try:
-        redis_client()
-        wait_ms = int(_bucket_script(keys=keys, args=args))
+        wait_ms = int(_rate_limit_script()(keys=keys, args=args))
     except (redis.RedisError, OSError) as exc:
         _redis_failed(exc, "rate limiting")
         return
@@ -227,9 +217,7 @@ def check_queue_quota(org: Org, *, queued: int | None = None) -> None:
         queued = selectors.queued_count(org.id, up_to=limit)
     if queued + settings.GANTRY_QUOTA_LOCK_MARGIN >= limit:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"quota|{org.id}"]
-            )
+            cursor.execute(f"SELECT {locks.xact_lock_sql('%s')}", [f"quota|{org.id}"])
         queued = selectors.queued_count(org.id, up_to=limit)
     if queued >= limit:
         metrics.count_refusal(tier=org.tier, reason="quota_exceeded")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models.functions import Now
 
-from apps.api.errors import Conflict
+from apps.core.errors import Conflict
+from apps.core.wakeup import wake_dispatcher
 from apps.jobs.models import Attempt, AttemptState, ExitClass, GpuAssignment, Job, JobStatus
 from apps.jobs.services.lifecycle import record_event, transition
 
@@ -28,8 +29,6 @@ def cancel_job(job_id, *, actor: str, reason: str = "cancelled by the client") -
 
     Calling it again while a cancel is pending changes nothing. Locks the job row first.
     """
-    from apps.scheduler.wakeup import wake_dispatcher
-
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.is_terminal:

@@ -28,7 +28,7 @@ from functools import partial
 from django.db import transaction
 from django.db.models.functions import Now
 
-from apps.api.errors import Conflict
+from apps.core.errors import Conflict
 from apps.jobs.models import TERMINAL_STATUSES, Attempt, Job, JobEvent
 from apps.jobs.models import JobStatus as S
 

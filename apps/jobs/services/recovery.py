@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from apps.core.wakeup import wake_dispatcher
 from apps.jobs.models import (
     TERMINAL_STATUSES,
     Attempt,
@@ -26,7 +27,6 @@ from apps.jobs.models import (
     JobStatus,
 )
 from apps.jobs.services import lifecycle, runner
-from apps.scheduler.wakeup import wake_dispatcher
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import BinaryIO, Protocol
 from django.conf import settings
 from django.core import signing
 
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 from apps.jobs.models import Job
 
 RESULT_LINK_SALT = "gantry.jobs.result-link"

@@ -45,7 +45,8 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest, Now
 from prometheus_client import Counter
 
-from apps.api.logging import job_log_context
+from apps.core.logging import job_log_context
+from apps.core.wakeup import wake_dispatcher
 from apps.jobs import metrics, selectors
 from apps.jobs.models import (
     TERMINAL_STATUSES,
@@ -57,7 +58,6 @@ from apps.jobs.models import (
     JobStatus,
 )
 from apps.jobs.services import lifecycle, quarantine, results
-from apps.scheduler.wakeup import wake_dispatcher
 
 logger = logging.getLogger(__name__)
 

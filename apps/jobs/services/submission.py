@@ -36,8 +36,9 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from apps.accounts.models import Org, Project, User
-from apps.api.errors import Conflict, GantryError
-from apps.api.sql import execute, execute_last
+from apps.core import locks
+from apps.core.errors import Conflict, GantryError
+from apps.core.sql import execute, execute_last
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.selectors import GpuTypeInfo
@@ -215,7 +216,7 @@ LIMIT 1
 def _find_project(org: Org, ref: str) -> Project | None:
     """The org's project with this id (preferred) or name, in one plain query (hot path);
     its row is remembered a few seconds by this process (the API never deletes one)."""
-    from apps.accounts.authentication import project_memo
+    from apps.accounts.caches import project_memo
 
     row = project_memo.get((org.id, ref))
     if row is None:
@@ -250,7 +251,7 @@ class _AdmissionSnapshot:
 
 # The submission hot path reads what admission needs in one round trip (after the
 # idempotency lock, so a job committed by the lock's previous holder is visible).
-_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(lock)s, 0))"
+_LOCK_SQL = f"SELECT {locks.xact_lock_sql('%(lock)s')}"
 _SNAPSHOT_SQL = """
 SELECT
     (SELECT id FROM jobs_job WHERE org_id = %(org)s AND idempotency_key = %(key)s),
@@ -315,8 +316,8 @@ def submit_job(
     returns a new job that is already succeeded and reuses the earlier result, with no
     hold and no charge (`deduplicated`). Rate limits are the caller's (admission.admit).
     """
+    from apps.core.wakeup import wake_dispatcher
     from apps.ledger import services as ledger
-    from apps.scheduler.wakeup import wake_dispatcher
 
     allowed = validate_spec(spec, tier=org.tier)
     fingerprint = fingerprint_of(spec)
@@ -394,8 +395,8 @@ def submit_job(
 
 def _request_of_submission() -> dict:
     """{"request_id": X-Request-Id} of the submitting request, kept with the job so that
-    the log lines of its runs name it (apps.api.logging)."""
-    from apps.api.logging import current_request_id
+    the log lines of its runs name it (apps.core.logging)."""
+    from apps.core.logging import current_request_id
 
     request_id = current_request_id()
     return {"request_id": request_id} if request_id else {}
@@ -412,7 +413,7 @@ def insert_rows(*instances, last: bool = False) -> None:
     DEFERRABLE INITIALLY DEFERRED), so the order of the inserts does not matter.
 
     `last`: nothing else runs in the current atomic block after this; if it is the
-    outermost block, the COMMIT is sent with the INSERT (apps.api.sql.execute_last).
+    outermost block, the COMMIT is sent with the INSERT (apps.core.sql.execute_last).
     """
     db = connections[DEFAULT_DB_ALIAS]  # the real wrapper: the proxy costs per access
     shape, params = [], []

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from apps.api.errors import GantryError
+from apps.core.errors import GantryError
 from apps.jobs.models import Job
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The ledger's service API: the only code that moves money.
 
 Every function takes keyword-only options and states its guarantee in its docstring.
-Amounts are integer micro-credits. Errors are apps.api.errors exceptions:
+Amounts are integer micro-credits. Errors are apps.core.errors exceptions:
 GantryError (400, invalid input, names the field), InsufficientCredits (402),
 BudgetExceeded (403), Conflict (409: idempotency key reused differently, closed hold).
 """

@@ -35,11 +35,12 @@ from datetime import datetime
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from psycopg.pq import TransactionStatus
 
-from apps.api.errors import BudgetExceeded, GantryError
-from apps.api.sql import execute
+from apps.core.errors import BudgetExceeded, GantryError
+from apps.core.locks import xact_lock_sql
+from apps.core.sql import execute
 from apps.ledger.metrics import count_moved
 from apps.ledger.models import Account
 
@@ -204,21 +205,13 @@ def refused(error: psycopg.Error) -> Exception:
     return error
 
 
-def db_now() -> datetime:
-    """The database clock, the one clock that decides expiry."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        return cursor.fetchone()[0]
-
-
 def ledger_setting(name: str, default):
     return getattr(settings, f"GANTRY_LEDGER_{name}", default)
 
 
 def budget_lock_sql(org_sql: str, *, shared: bool = True) -> str:
     """SQL taking the org's budget advisory lock (see services.budgets)."""
-    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    return f"{function}(hashtextextended('gantry.ledger.budgets:' || {org_sql}, 0))"
+    return xact_lock_sql(f"'gantry.ledger.budgets:' || {org_sql}", shared=shared)
 
 
 @dataclass

@@ -7,14 +7,14 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
-from apps.api.errors import Conflict, GantryError
+from apps.core.clock import db_now
+from apps.core.errors import Conflict, GantryError
 from apps.ledger.metrics import count
 from apps.ledger.models import Account, Bucket, BucketKind, EntryKind
 from apps.ledger.services._store import (
     Changes,
     LedgerTransaction,
     check_scope,
-    db_now,
     ledger_setting,
     positive_amount,
 )

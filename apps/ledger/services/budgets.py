@@ -25,7 +25,8 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.db.models import F, Q, Sum
 
-from apps.api.errors import GantryError
+from apps.core.clock import db_now
+from apps.core.errors import GantryError
 from apps.ledger.metrics import count
 from apps.ledger.models import Budget, BudgetMode, BudgetPeriod, Hold, HoldState
 from apps.ledger.services._store import (
@@ -34,7 +35,6 @@ from apps.ledger.services._store import (
     Changes,
     budget_lock_sql,
     check_scope,
-    db_now,
     non_negative,
 )
 from apps.ledger.services.buckets import lane_shares, split_evenly

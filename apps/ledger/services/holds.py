@@ -22,8 +22,9 @@ from datetime import datetime
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from apps.api.errors import Conflict, GantryError, InsufficientCredits
-from apps.ledger import locks
+from apps.core import locks
+from apps.core.clock import db_now
+from apps.core.errors import Conflict, GantryError, InsufficientCredits
 from apps.ledger.allocation import Source, burn_key, plan_draw
 from apps.ledger.metrics import count, count_budget_alerts
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
@@ -34,7 +35,6 @@ from apps.ledger.services._store import (
     LedgerTransaction,
     budget_lock_sql,
     check_scope,
-    db_now,
     key_or_error,
     ledger_setting,
     positive_amount,

@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from apps.api.errors import GantryError
+from apps.core.clock import db_now
+from apps.core.errors import GantryError
 from apps.ledger.allocation import Slot, burn_key, headroom, split_capture
 from apps.ledger.metrics import count
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
@@ -28,7 +29,6 @@ from apps.ledger.services._store import (
     LedgerTransaction,
     LockedHold,
     budget_lock_sql,
-    db_now,
     ledger_setting,
     non_negative,
 )

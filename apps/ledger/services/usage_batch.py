@@ -29,7 +29,7 @@ import uuid
 import redis
 from django.conf import settings
 
-from apps.ledger import locks
+from apps.core import locks
 from apps.ledger.metrics import FOLD_SECONDS, USAGE_REPORTS
 from apps.ledger.services._store import LedgerTransaction, ledger_setting
 from apps.ledger.services.metering import UsageReport, apply_usage, lock_holds, validate_report

@@ -17,7 +17,6 @@ the job once the lease has run out.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
@@ -25,11 +24,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from apps.api.logging import job_log_context
+from apps.core import locks
+from apps.core.logging import job_log_context
 from apps.jobs.models import Attempt, GpuAssignment, Job, JobStatus
 from apps.jobs.services.lifecycle import IllegalTransition, transition
 from apps.scheduler.models import (
@@ -147,22 +147,9 @@ def _report_queue_depth(snapshot, result: TickResult) -> None:
         metrics.QUEUE_DEPTH.labels(tier).set(count)
 
 
-@contextlib.contextmanager
 def dispatcher_lock():
     """Yield whether this connection holds the dispatcher's advisory lock (never waits)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [DISPATCH_LOCK_KEY])
-        held = cursor.fetchone()[0]
-    try:
-        yield held
-    finally:
-        if held:
-            try:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", [DISPATCH_LOCK_KEY])
-            except DatabaseError:
-                # Ending the session is what releases a session-level lock for sure.
-                connection.close()
+    return locks.try_session_lock(DISPATCH_LOCK_KEY)
 
 
 def apply_decisions(decisions: list[Decision], *, tick: uuid.UUID) -> list[AppliedDecision]:

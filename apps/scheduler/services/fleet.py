@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from django.db import IntegrityError, transaction
 
-from apps.api.errors import Conflict, GantryError
+from apps.core.errors import Conflict, GantryError
+from apps.core.wakeup import wake_dispatcher
 from apps.jobs.models import Attempt, GpuAssignment
 from apps.scheduler.fleet import FleetSpec
 from apps.scheduler.models import Gpu, GpuType, Node, NodeState
@@ -136,6 +137,4 @@ def _locked(name: str) -> Node:
 
 
 def _wake() -> None:
-    from apps.scheduler.wakeup import wake_dispatcher
-
     wake_dispatcher()

@@ -23,12 +23,12 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
+from apps.core.wakeup import wake_dispatcher
 from apps.jobs.models import Attempt, AttemptState, ExitClass, GpuAssignment, Job, JobStatus
 from apps.jobs.services.lifecycle import transition
 from apps.scheduler.services import metrics
 from apps.scheduler.services.dispatch import ACTOR, publish_run_attempt
 from apps.scheduler.services.usage import record_attempt_usage
-from apps.scheduler.wakeup import wake_dispatcher
 
 logger = logging.getLogger(__name__)
 

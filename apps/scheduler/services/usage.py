@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from apps.accounts.models import Org
+from apps.core.clock import db_now
 from apps.jobs.models import Attempt
 from apps.scheduler.models import RecordedAttemptUsage, UsageAccount, UsageScope
 from apps.scheduler.policy import decay
@@ -109,7 +110,7 @@ def record_attempt_usage(*, attempt_id) -> float | None:
         return None
     gpu_ms, indices, started_at, finished_at, tier, org_id, user_id = row
     with transaction.atomic():
-        now = _db_now()
+        now = db_now()
         span = max(0.0, ((finished_at or now) - started_at).total_seconds())
         gpu_seconds = gpu_ms / 1000 if gpu_ms > 0 else span * len(indices)
         table = RecordedAttemptUsage._meta.db_table
@@ -149,9 +150,3 @@ def running_worth(elapsed_s: float, gpus: int, half_life: float) -> float:
     if elapsed_s <= 0:
         return 0.0
     return gpus * elapsed_s * spread_factor(elapsed_s, half_life)
-
-
-def _db_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]

@@ -1,4 +1,4 @@
-"""apps.api.sql.execute_last: the COMMIT travels with the last statement of the outermost
+"""apps.core.sql.execute_last: the COMMIT travels with the last statement of the outermost
 atomic block, and Django's transaction handling stays right around it."""
 
 import psycopg
@@ -6,7 +6,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from psycopg.pq import TransactionStatus
 
-from apps.api.sql import execute_last
+from apps.core.sql import execute_last
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

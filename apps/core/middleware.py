@@ -1,7 +1,7 @@
 """Request ids: taken from X-Request-Id or minted, echoed back, and put on every log line.
 
 The id also travels with the tasks the request publishes and with a submitted job (see
-apps/api/logging.py), so it ends up in log lines of other processes, in access logs and
+apps/core/logging.py), so it ends up in log lines of other processes, in access logs and
 in headers: only a plain token is taken from the client (letters, digits and . _ : - @,
 at most 64 characters); anything else is replaced by a minted id.
 """
@@ -9,7 +9,7 @@ at most 64 characters); anything else is replaced by a minted id.
 import re
 import uuid
 
-from apps.api.logging import request_id_var
+from apps.core.logging import request_id_var
 
 HEADER = "HTTP_X_REQUEST_ID"
 ACCEPTED = re.compile(r"[A-Za-z0-9._:@-]{1,64}")

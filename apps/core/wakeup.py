@@ -6,8 +6,10 @@ import logging
 import time
 
 import redis
-from django.conf import settings
+from celery import current_app
 from django.db import transaction
+
+from apps.core.redis import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -16,15 +18,7 @@ DISPATCH_TASK = "gantry.scheduler.dispatch_tick"
 DEBOUNCE_KEY = "gantry:dispatch:wakeup"
 DEBOUNCE_MS = 200
 
-_redis: redis.Redis | None = None
 _last_sent = -DEBOUNCE_MS  # time.monotonic() in ms of this process's last wake-up
-
-
-def _client() -> redis.Redis:
-    global _redis
-    if _redis is None:
-        _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
-    return _redis
 
 
 def wake_dispatcher() -> None:
@@ -35,15 +29,13 @@ def wake_dispatcher() -> None:
 
     def publish():
         global _last_sent
-        from config.celery import app
-
         now = time.monotonic() * 1000
         if now - _last_sent < DEBOUNCE_MS:
             return  # this process asked within the window: no Redis round trip either
         _last_sent = now
         try:
-            if _client().set(DEBOUNCE_KEY, 1, nx=True, px=DEBOUNCE_MS):
-                app.send_task(DISPATCH_TASK, queue="control", expires=5)
+            if redis_client().set(DEBOUNCE_KEY, 1, nx=True, px=DEBOUNCE_MS):
+                current_app.send_task(DISPATCH_TASK, queue="control", expires=5)
         except (redis.RedisError, OSError) as exc:
             logger.warning("dispatcher wake-up not sent: %s", exc)
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
 
-from apps.api.sql import execute
+from apps.core.sql import execute
 from config.postgresql.base import HEALTH_CHECK_AFTER_IDLE_S
 
 pytestmark = pytest.mark.django_db(transaction=True)

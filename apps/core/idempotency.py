@@ -11,10 +11,12 @@ import functools
 import hashlib
 import json
 
-from django.db import connection, transaction
+from django.db import transaction
 from rest_framework.response import Response
 
-from apps.api.errors import Conflict, GantryError
+from apps.core import locks
+from apps.core.errors import Conflict, GantryError
+from apps.core.models import IdempotentRequest
 
 HEADER = "HTTP_IDEMPOTENCY_KEY"
 MAX_KEY_LENGTH = 255
@@ -36,8 +38,6 @@ def idempotent(*, required: bool = False):
     def decorate(view_method):
         @functools.wraps(view_method)
         def wrapper(self, request, *args, **kwargs):
-            from apps.accounts.models import IdempotentRequest
-
             key = request.META.get(HEADER, "").strip()
             if not key:
                 if required:
@@ -56,10 +56,7 @@ def idempotent(*, required: bool = False):
             scope = caller_scope(request)
             digest = body_digest(request)
             with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"{scope}|{key}"]
-                    )
+                locks.xact_lock(f"{scope}|{key}")
                 previous = IdempotentRequest.objects.filter(scope=scope, key=key).first()
                 if previous is not None:
                     if previous.body_digest != digest:

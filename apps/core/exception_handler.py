@@ -1,4 +1,4 @@
-"""DRF exception handler answering every error in the problem shape of apps.api.errors."""
+"""DRF exception handler answering every error in the problem shape of apps.core.errors."""
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
@@ -6,7 +6,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from apps.api.errors import GantryError, problem
+from apps.core.errors import GantryError, problem
 
 
 def _first_validation_error(detail, path: str = "") -> tuple[str | None, str]:

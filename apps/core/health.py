@@ -1,11 +1,10 @@
 """Liveness, readiness and Prometheus metrics endpoints (no auth: for probes and scrapers)."""
 
-import redis
-from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 
-from apps.api import metrics as exposition
+from apps.core import metrics as exposition
+from apps.core.redis import redis_client
 
 
 def healthz(request):
@@ -23,7 +22,7 @@ def readyz(request):
     except Exception as exc:
         checks["database"] = f"unreachable: {exc.__class__.__name__}"
     try:
-        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+        redis_client().ping()
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"unreachable: {exc.__class__.__name__}"
