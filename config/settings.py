@@ -209,7 +209,7 @@ GANTRY_S3_ENDPOINT_URL = env.str("GANTRY_S3_ENDPOINT_URL", default="")
 GANTRY_S3_REGION = env.str("GANTRY_S3_REGION", default="")
 
 # --- Worker pools (the black-box runner and recovery) ---------------------------------
-# The generator binary; gets --params/--output-dir/--checkpoint-dir [--resume] (API.md).
+# The generator binary; gets --params/--output-dir/--checkpoint-dir [--resume] (docs/api.md).
 # Space-separated in the environment; empty: the bundled stand-in, run by this Python.
 GANTRY_GENERATOR_COMMAND = env.str("GANTRY_GENERATOR_COMMAND", default="").split()
 # Per-attempt scratch folders (params.json, output dir); node-local, removed after a run.

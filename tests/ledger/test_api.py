@@ -1,4 +1,4 @@
-"""The credit endpoints of API.md: balance, entries, grants, budgets."""
+"""The credit endpoints of the public API (docs/api.md): balance, entries, grants, budgets."""
 
 from datetime import timedelta
 
