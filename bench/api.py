@@ -252,8 +252,8 @@ def recreate_database(base_url: str, *, drop_only: bool = False) -> None:
 SETUP_SCRIPT = """
 from apps.accounts.services import create_org, create_project, issue_api_key
 from apps.ledger import services as ledger
-from apps.scheduler.fleet import read_fleet_file
-from apps.scheduler.services import load_fleet
+from apps.fleet.fleet_file import read_fleet_file
+from apps.fleet.services import load_fleet
 
 load_fleet(read_fleet_file(""))
 for n in range(ORGS):

@@ -51,8 +51,8 @@ def setup_django() -> None:
 
 
 def build_fleet(nodes: int) -> None:
-    from apps.scheduler.fleet import parse_fleet
-    from apps.scheduler.services import load_fleet
+    from apps.fleet.fleet_file import parse_fleet
+    from apps.fleet.services import load_fleet
 
     document = {
         "gpu_types": {

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "apps.core",
     "apps.accounts",
+    "apps.fleet",
     "apps.ledger",
     "apps.scheduler",
     "apps.jobs",

@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.core import health
@@ -33,5 +34,10 @@ urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
     path("metrics", health.metrics),
+    # The fleet's models moved from the scheduler app to the fleet app: old bookmarks work.
+    re_path(
+        r"^admin/scheduler/(?P<rest>(node|gpu|gputype)/.*)$",
+        RedirectView.as_view(url="/admin/fleet/%(rest)s", query_string=True, permanent=True),
+    ),
     path("admin/", admin.site.urls),
 ]

@@ -265,9 +265,9 @@ def apply_fast_settings(settings_fixture, pool: WorkerPool) -> None:
 
 
 def load_e2e_fleet(document: dict | None = None) -> None:
-    from apps.jobs import selectors
-    from apps.scheduler.fleet import parse_fleet
-    from apps.scheduler.services import load_fleet
+    from apps.fleet import selectors
+    from apps.fleet.fleet_file import parse_fleet
+    from apps.fleet.services import load_fleet
 
     load_fleet(parse_fleet(json.loads(json.dumps(document or E2E_FLEET))))
     selectors.clear_gpu_type_cache()

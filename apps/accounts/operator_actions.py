@@ -4,7 +4,7 @@ An operator's change and its row are written in one transaction (`operator_actio
 the audit trail never shows an action that did not happen (or misses one that did). The
 admin and the operator API record the same actions under the same names, most of them
 through the operations modules both call (apps.accounts.operations,
-apps.ledger.operations, apps.scheduler.operations). An action refused in the admin is
+apps.ledger.operations, apps.fleet.operations). An action refused in the admin is
 recorded too, with the reason; a refused API call (an error answer) records nothing.
 """
 

@@ -153,7 +153,7 @@ class Attempt(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="attempts")
     number = models.PositiveSmallIntegerField()
-    node = models.ForeignKey("scheduler.Node", on_delete=models.PROTECT, related_name="attempts")
+    node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="attempts")
     gpu_type = models.CharField(max_length=32)
     price_per_gpu_hour = models.BigIntegerField()
     gpu_indices = ArrayField(models.PositiveSmallIntegerField())
@@ -205,7 +205,7 @@ class GpuAssignment(models.Model):
     """A GPU given to an attempt; released when the attempt has left it."""
 
     attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="assignments")
-    gpu = models.ForeignKey("scheduler.Gpu", on_delete=models.PROTECT, related_name="assignments")
+    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.PROTECT, related_name="assignments")
     assigned_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 

@@ -15,16 +15,9 @@ from django.urls import path, reverse
 from apps.accounts.models import Org
 from apps.accounts.operator_actions import operator_action, operator_of
 from apps.core.errors import GantryError
-from apps.scheduler import operations
-from apps.scheduler.models import (
-    DispatchDecision,
-    Gpu,
-    GpuType,
-    Node,
-    NodeClaim,
-    NodeState,
-    UsageAccount,
-)
+from apps.fleet import operations
+from apps.fleet.models import Gpu, GpuType, Node, NodeState
+from apps.scheduler.models import DispatchDecision, NodeClaim, UsageAccount
 from apps.scheduler.selectors_audit import (
     KINDS,
     MAX_LIMIT,

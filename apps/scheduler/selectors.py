@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 from django.db.models import Count, Q, QuerySet
 
+from apps.fleet.models import Gpu, GpuType, Node, NodeState
 from apps.jobs.models import GpuAssignment
-from apps.scheduler.models import DispatchDecision, Gpu, GpuType, Node, NodeState
+from apps.scheduler.models import DispatchDecision
 
 
 def nodes(*, state: str | None = None) -> QuerySet[Node]:

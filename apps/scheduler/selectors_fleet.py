@@ -11,8 +11,8 @@ from datetime import datetime
 
 from django.db.models import Count, Min
 
+from apps.fleet.models import Gpu, Node, NodeState
 from apps.jobs.models import GpuAssignment, Job, JobStatus
-from apps.scheduler.models import Gpu, Node, NodeState
 
 
 @dataclass

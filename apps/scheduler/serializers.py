@@ -3,8 +3,8 @@
 from rest_framework import serializers
 
 from apps.core.errors import GantryError
-from apps.scheduler.models import NodeState
-from apps.scheduler.services.fleet import MAX_GPUS_PER_NODE, NODE_NAME_PATTERN
+from apps.fleet.models import NodeState
+from apps.fleet.services import MAX_GPUS_PER_NODE, NODE_NAME_PATTERN
 
 
 class GpuSpecSerializer(serializers.Serializer):

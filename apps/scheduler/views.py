@@ -1,6 +1,6 @@
 """The operator's fleet API: list, add, drain, undrain and remove nodes; GPU types.
 
-Changes go through apps.scheduler.operations, which records them in the audit trail
+Changes go through apps.fleet.operations, which records them in the audit trail
 (actor `api:<key prefix>`) in the change's transaction; a refused call records nothing."""
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -13,8 +13,9 @@ from apps.accounts.permissions import IsOperator
 from apps.core.errors import GantryError
 from apps.core.idempotency import idempotent
 from apps.core.pagination import OpaqueCursorPagination
-from apps.scheduler import operations, selectors
-from apps.scheduler.models import Node, NodeState
+from apps.fleet import operations
+from apps.fleet.models import Node, NodeState
+from apps.scheduler import selectors
 from apps.scheduler.serializers import GpuTypeSerializer, NodeCreateSerializer, NodeSerializer
 
 

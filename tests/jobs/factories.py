@@ -18,40 +18,15 @@ from apps.jobs.models import (
     JobStatus,
 )
 from apps.jobs.services.submission import JobSpec, fingerprint_of
-from apps.scheduler.models import Gpu, GpuType, Node
 from tests.factories import OrgFactory, ProjectFactory
+from tests.fleet.factories import A100_PRICE as A100_PRICE  # re-exported for the jobs tests
+from tests.fleet.factories import H100_PRICE as H100_PRICE
+from tests.fleet.factories import BareNodeFactory as NodeFactory
+from tests.fleet.factories import GpuFactory as GpuFactory
+from tests.fleet.factories import gpu_types as demo_gpu_types
 
 CREDIT = 1_000_000  # micro-credits
-H100_PRICE = 4_000_000
-A100_PRICE = 2_500_000
 _tokens = itertools.count(1_000_000)
-
-
-def demo_gpu_types() -> dict[str, GpuType]:
-    """The two GPU types of the demo fleet (H100 80 GB, A100 40 GB)."""
-    h100, _ = GpuType.objects.update_or_create(
-        name="H100", defaults={"memory_gb": 80, "price_per_gpu_hour": H100_PRICE}
-    )
-    a100, _ = GpuType.objects.update_or_create(
-        name="A100", defaults={"memory_gb": 40, "price_per_gpu_hour": A100_PRICE}
-    )
-    return {"H100": h100, "A100": a100}
-
-
-class NodeFactory(factory.django.DjangoModelFactory):
-    class Meta:
-        model = Node
-
-    name = factory.Sequence(lambda n: f"node-{n}")
-
-
-class GpuFactory(factory.django.DjangoModelFactory):
-    class Meta:
-        model = Gpu
-
-    node = factory.SubFactory(NodeFactory)
-    index = factory.Sequence(lambda n: n)
-    gpu_type_id = "H100"
 
 
 def grant_credits(org, amount: int = 1_000_000 * CREDIT, **options):
@@ -168,7 +143,7 @@ def place(job: Job, *, gpus: int = 1, state: str = AttemptState.SCHEDULED, start
 
 def reset_job_state() -> None:
     """Fresh GPU types (and cache) and empty rate-limit buckets for one test."""
-    from apps.jobs import selectors
+    from apps.fleet import selectors
     from apps.jobs.services.admission import redis_client
 
     selectors.clear_gpu_type_cache()

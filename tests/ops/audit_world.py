@@ -11,11 +11,12 @@ from django.utils import timezone
 from apps.accounts.models import Org, Project
 from apps.accounts.operator_actions import record_operator_action
 from apps.accounts.services import issue_api_key
+from apps.fleet.models import Node
 from apps.jobs.models import Job, QuarantinedFingerprint
 from apps.jobs.services.submission import JobSpec, submit_job
 from apps.ledger import services as ledger
 from apps.ledger.models import LedgerAuditEvent
-from apps.scheduler.models import DispatchDecision, Node, NodeClaim, UsageAccount
+from apps.scheduler.models import DispatchDecision, NodeClaim, UsageAccount
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from tests.factories import OrgFactory, ProjectFactory, UserFactory
 from tests.scheduler.factories import NodeFactory, live_attempt, start_attempt, unique_name

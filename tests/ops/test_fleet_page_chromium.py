@@ -25,7 +25,7 @@ from selenium.webdriver.support import expected_conditions as ready
 from selenium.webdriver.support.ui import WebDriverWait
 
 from apps.accounts.models import OperatorAction
-from apps.scheduler.models import Node, NodeState
+from apps.fleet.models import Node, NodeState
 from tests.jobs.factories import reset_job_state
 from tests.ops.audit_world import platform
 from tests.scheduler.factories import broker
@@ -88,7 +88,7 @@ def test_the_fleet_page_in_headless_chromium_shows_what_runs_where(live_server, 
     get_user_model().objects.create_superuser("ops", "ops@example.com", password)
     wait = WebDriverWait(chromium, 20)
     try:
-        chromium.get(f"{live_server.url}/admin/login/?next=/admin/scheduler/node/fleet/")
+        chromium.get(f"{live_server.url}/admin/login/?next=/admin/fleet/node/fleet/")
         chromium.find_element(By.NAME, "username").send_keys("ops")
         chromium.find_element(By.NAME, "password").send_keys(password)
         chromium.find_element(By.CSS_SELECTOR, "input[type=submit]").click()

@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from apps.accounts.models import APIKey, OperatorAction, Org
 from apps.accounts.models import User as TenantUser
+from apps.fleet.models import GpuType, Node, NodeState
 from apps.jobs.models import Job, JobStatus, QuarantinedFingerprint
 from apps.jobs.services.cancel import cancel_job
 from apps.ledger.models import Bucket, Budget, BudgetMode, HoldState
-from apps.scheduler.models import GpuType, Node, NodeState
 from tests.factories import ProjectFactory
 from tests.jobs.factories import JobFactory, reset_job_state
 from tests.ops.audit_world import CREDIT, funded, platform, submitted
@@ -26,7 +26,7 @@ from tests.scheduler.factories import NodeFactory
 
 pytestmark = pytest.mark.django_db
 
-NODES = reverse("admin:scheduler_node_changelist")
+NODES = reverse("admin:fleet_node_changelist")
 JOBS = reverse("admin:jobs_job_changelist")
 
 
@@ -420,7 +420,7 @@ def test_revoking_keys_and_changing_a_price_are_recorded(admin_client):
         {"action": "revoke", ACTION_CHECKBOX_NAME: [str(key.pk)]},
     )
     admin_client.post(
-        reverse("admin:scheduler_gputype_change", args=["H100"]),
+        reverse("admin:fleet_gputype_change", args=["H100"]),
         {"name": "H100", "memory_gb": 80, "price_per_gpu_hour": 4_500_000},
     )
 

@@ -16,10 +16,10 @@ from django.utils import timezone
 from apps.accounts import operator_actions
 from apps.accounts.models import APIKey, OperatorAction, Org, Project, User
 from apps.accounts.services import issue_api_key
+from apps.fleet.models import Node, NodeState
 from apps.jobs.models import JobStatus
 from apps.ledger import services as ledger
 from apps.ledger.models import Bucket, Budget, Entry
-from apps.scheduler.models import Node, NodeState
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, UserFactory, org_key
 from tests.jobs.factories import JobFactory, place, reset_job_state

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import uuid
 from datetime import timedelta
 
 import factory
@@ -16,48 +15,12 @@ from django.utils import timezone
 
 from apps.jobs.models import Attempt, AttemptState, Job, JobStatus
 from apps.jobs.services.lifecycle import transition
-from apps.scheduler.models import Gpu, GpuType, Node
 from tests.factories import OrgFactory, ProjectFactory
-
-H100_PRICE = 4_000_000
-A100_PRICE = 2_500_000
-
-
-def gpu_types() -> dict[str, GpuType]:
-    """The demo fleet's GPU types: H100 80 GB at 4 credits/h, A100 40 GB at 2.5."""
-    h100, _ = GpuType.objects.update_or_create(
-        name="H100", defaults={"memory_gb": 80, "price_per_gpu_hour": H100_PRICE}
-    )
-    a100, _ = GpuType.objects.update_or_create(
-        name="A100", defaults={"memory_gb": 40, "price_per_gpu_hour": A100_PRICE}
-    )
-    return {"H100": h100, "A100": a100}
-
-
-def unique_name(prefix: str = "node") -> str:
-    """Node names unique across test runs sharing one Redis (queues are named after them)."""
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-class NodeFactory(factory.django.DjangoModelFactory):
-    """A node with GPUs: NodeFactory(gpus=4, gpus__type="A100") (default one H100)."""
-
-    class Meta:
-        model = Node
-        skip_postgeneration_save = True
-
-    name = factory.LazyFunction(unique_name)
-
-    @factory.post_generation
-    def gpus(node, create, extracted, type="H100", **kwargs):
-        if not create:
-            return
-        gpu_types()
-        count = 1 if extracted is None else extracted
-        Gpu.objects.bulk_create(
-            Gpu(node=node, index=i, gpu_type_id=type, device_id=f"GPU-{node.name}-{i}")
-            for i in range(count)
-        )
+from tests.fleet.factories import A100_PRICE as A100_PRICE  # re-exported for the scheduler tests
+from tests.fleet.factories import H100_PRICE as H100_PRICE
+from tests.fleet.factories import NodeFactory as NodeFactory
+from tests.fleet.factories import gpu_types as gpu_types
+from tests.fleet.factories import unique_name as unique_name
 
 
 class JobFactory(factory.django.DjangoModelFactory):

@@ -9,17 +9,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.accounts.models import Tier
+from apps.fleet.models import Node, NodeState
+from apps.fleet.services import drain_node
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobEvent, JobStatus
-from apps.scheduler.models import (
-    DecisionKind,
-    DecisionOutcome,
-    DispatchDecision,
-    Node,
-    NodeClaim,
-    NodeState,
-)
+from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
 from apps.scheduler.policy import Place
-from apps.scheduler.services import drain_node
 from apps.scheduler.services.dispatch import apply_placement, run_dispatch_tick
 from apps.scheduler.services.recovery import requeue_attempt
 from apps.scheduler.services.snapshot import build_snapshot

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
+from apps.fleet.models import GpuType
 from apps.jobs.models import Attempt, JobStatus
 from apps.jobs.services.lifecycle import transition
 from apps.ledger import services as ledger
 from apps.ledger.models import HoldState
-from apps.scheduler.models import GpuType
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from tests.factories import OrgFactory, ProjectFactory
 from tests.scheduler.factories import (

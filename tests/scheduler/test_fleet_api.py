@@ -2,8 +2,8 @@
 
 import pytest
 
+from apps.fleet.models import Gpu, Node, NodeState
 from apps.jobs.models import AttemptState
-from apps.scheduler.models import Gpu, Node, NodeState
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.recovery import requeue_attempt
 from tests.scheduler.factories import (

@@ -39,9 +39,10 @@ from apps.accounts.models import Org, Project, User
 from apps.core import locks
 from apps.core.errors import Conflict, GantryError
 from apps.core.sql import execute, execute_last
+from apps.fleet import selectors as fleet
+from apps.fleet.selectors import GpuTypeInfo
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus
-from apps.jobs.selectors import GpuTypeInfo
 from apps.jobs.services import admission, webhooks
 from apps.jobs.validation import MAX_GPU_COUNT
 
@@ -113,9 +114,9 @@ def allowed_gpu_types(spec: JobSpec) -> list[GpuTypeInfo]:
     Raises a 400 naming `resources.gpu_types` for an unknown type and
     `resources.min_gpu_memory_gb` when no allowed type has that much memory.
     """
-    types = selectors.gpu_types()
+    types = fleet.gpu_types()
     if any(name not in types for name in spec.gpu_types):
-        types = selectors.gpu_types(refresh=True)  # a type added since the cache filled
+        types = fleet.gpu_types(refresh=True)  # a type added since the cache filled
     unknown = [name for name in spec.gpu_types if name not in types]
     if unknown:
         raise GantryError(

@@ -30,18 +30,10 @@ from django.db.models.functions import Now
 
 from apps.core import locks
 from apps.core.logging import job_log_context
+from apps.fleet.models import Gpu, Node, NodeState, node_queue
 from apps.jobs.models import Attempt, GpuAssignment, Job, JobStatus
 from apps.jobs.services.lifecycle import IllegalTransition, transition
-from apps.scheduler.models import (
-    DecisionKind,
-    DecisionOutcome,
-    DispatchDecision,
-    Gpu,
-    Node,
-    NodeClaim,
-    NodeState,
-    node_queue,
-)
+from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
 from apps.scheduler.policy import TIERS, Decision, Place, Preempt, Reserve, schedule
 from apps.scheduler.services import metrics
 from apps.scheduler.services.snapshot import build_snapshot

@@ -14,14 +14,10 @@ import uuid
 
 from django.db import transaction
 
+from apps.fleet.models import NodeState
 from apps.jobs.models import Attempt, AttemptState, Job, JobStatus
 from apps.jobs.services.lifecycle import transition
-from apps.scheduler.models import (
-    DecisionKind,
-    DecisionOutcome,
-    DispatchDecision,
-    NodeState,
-)
+from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision
 from apps.scheduler.policy import Preempt
 from apps.scheduler.services import metrics
 from apps.scheduler.services.dispatch import (

@@ -33,8 +33,9 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from apps.accounts.models import Org
+from apps.fleet.models import Gpu, GpuType, Node
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobStatus
-from apps.scheduler.models import Gpu, GpuType, Node, NodeClaim, UsageScope
+from apps.scheduler.models import NodeClaim, UsageScope
 from apps.scheduler.policy import (
     ClusterSnapshot,
     PolicyConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from apps.scheduler.fleet import read_fleet_file  # the one parser of the fleet format (no DB)
+from apps.fleet.fleet_file import read_fleet_file  # the one parser of the fleet format (no DB)
 from apps.scheduler.policy import GpuType
 
 H100 = GpuType("H100", memory_gb=80, price_per_gpu_hour=4_000_000)

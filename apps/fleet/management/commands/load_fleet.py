@@ -1,8 +1,8 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.scheduler.fleet import FleetFileError, read_fleet_file
-from apps.scheduler.services import load_fleet
+from apps.fleet.fleet_file import FleetFileError, read_fleet_file
+from apps.fleet.services import load_fleet
 
 
 class Command(BaseCommand):

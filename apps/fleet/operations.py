@@ -2,7 +2,7 @@
 
 The admin and the operator API both call these (see apps.accounts.operations for the
 `actor` and `record_refused` conventions); the changes themselves are the fleet
-services' (apps.scheduler.services.fleet).
+services' (apps.fleet.services).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from apps.accounts.operator_actions import operator_action
-from apps.scheduler import services
-from apps.scheduler.models import Node, NodeState
+from apps.fleet import services
+from apps.fleet.models import Node, NodeState
 
 
 def add_node(*, actor: str, name: str, gpus: Sequence[dict], record_refused: bool = True) -> Node:

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import User as DjangoUser
 from django.core.management import CommandError, call_command
 
-from apps.scheduler.models import Gpu, GpuType, Node, NodeState
+from apps.fleet.models import Gpu, GpuType, Node, NodeState
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from tests.scheduler.factories import JobFactory, NodeFactory, unique_name
 
@@ -68,7 +68,7 @@ def admin_client_(client):
 
 def test_admin_drains_and_undrains_nodes_with_actions(admin_client_):
     nodes = [NodeFactory(), NodeFactory()]
-    url = "/admin/scheduler/node/"
+    url = "/admin/fleet/node/"
     ids = [str(n.pk) for n in nodes]
 
     admin_client_.post(url, {"action": "drain", "_selected_action": ids})
@@ -87,7 +87,7 @@ def test_admin_refuses_to_remove_a_busy_node_and_says_why(admin_client_):
     run_dispatch_tick()
 
     response = admin_client_.post(
-        "/admin/scheduler/node/",
+        "/admin/fleet/node/",
         {"action": "remove", "_selected_action": [str(node.pk)]},
         follow=True,
     )
@@ -102,9 +102,9 @@ def test_admin_pages_of_the_scheduler_render(admin_client_):
     run_dispatch_tick()
 
     for url in [
-        "/admin/scheduler/gputype/",
-        "/admin/scheduler/node/",
-        f"/admin/scheduler/node/{node.pk}/change/",
+        "/admin/fleet/gputype/",
+        "/admin/fleet/node/",
+        f"/admin/fleet/node/{node.pk}/change/",
         "/admin/scheduler/dispatchdecision/",
         "/admin/scheduler/nodeclaim/",
         "/admin/scheduler/usageaccount/",

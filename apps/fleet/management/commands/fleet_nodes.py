@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 from django.db.models import Count
 
-from apps.scheduler.models import Node, NodeState
+from apps.fleet.models import Node, NodeState
 
 
 class Command(BaseCommand):

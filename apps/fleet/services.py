@@ -14,9 +14,8 @@ from django.db import IntegrityError, transaction
 
 from apps.core.errors import Conflict, GantryError
 from apps.core.wakeup import wake_dispatcher
-from apps.jobs.models import Attempt, GpuAssignment
-from apps.scheduler.fleet import FleetSpec
-from apps.scheduler.models import Gpu, GpuType, Node, NodeState
+from apps.fleet.fleet_file import FleetSpec
+from apps.fleet.models import Gpu, GpuType, Node, NodeState
 
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 MAX_GPUS_PER_NODE = 64
@@ -113,7 +112,10 @@ def remove_node(*, name: str) -> bool:
     """
     with transaction.atomic():
         node = _locked(name)
-        live = GpuAssignment.objects.filter(gpu__node=node, released_at__isnull=True).count()
+        # Through the reverse relations: the fleet sits below jobs and does not import them.
+        live = node.gpus.filter(
+            assignments__isnull=False, assignments__released_at__isnull=True
+        ).count()
         if live:
             raise Conflict(
                 f"Node {name} still has {live} GPU(s) in use; drain it first and remove it "
@@ -121,7 +123,7 @@ def remove_node(*, name: str) -> bool:
                 code="node_busy",
                 field="name",
             )
-        if Attempt.objects.filter(node=node).exists():
+        if node.attempts.exists():
             node.state = NodeState.DOWN
             node.save(update_fields=["state", "updated_at"])
             return False
