@@ -6,7 +6,7 @@ each against pgbench's TPC-B-like TPS measured on the same server in the same ru
 
 It works in scratch databases it creates and drops (test_gantry_bench_<pid> for the
 ledger, and one for pgbench's tables), and in its own Redis keys; it never touches the
-database named in DATABASE_URL. Targets (DESIGN, 2-core machine): reserve+settle at
+database named in DATABASE_URL. Targets (2-core machine): reserve+settle at
 least 25% of pgbench's TPS; at least 10,000 heartbeat reports/s with under 5 s lag.
 """
 

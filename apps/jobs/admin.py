@@ -7,24 +7,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from apps.accounts.operator_actions import operator_of
+from apps.core.admin import ReadOnlyInline
 from apps.core.errors import GantryError
 from apps.jobs import operations
 from apps.jobs.models import Attempt, Job, JobEvent, QuarantinedFingerprint
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-    show_change_link = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class JobEventInline(ReadOnlyInline):
@@ -53,10 +39,6 @@ class AttemptInline(ReadOnlyInline):
     )
     readonly_fields = fields
     ordering = ("number",)
-
-
-def _operator(request) -> str:
-    return f"operator:{request.user.get_username()}"
 
 
 @admin.register(Job)
@@ -113,7 +95,7 @@ class JobAdmin(admin.ModelAdmin):
                 operation(
                     job_id,
                     actor=operator_of(request),
-                    event_actor=_operator(request),
+                    event_actor=operator_of(request),
                     org_id=org_id,
                     status=status,
                 )

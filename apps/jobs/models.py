@@ -196,6 +196,14 @@ class Attempt(models.Model):
                 condition=Q(gpu_ms__gte=0, charged__gte=0), name="attempt_usage_nonneg"
             ),
         ]
+        indexes = [
+            # The scheduler folds recently ended attempts into fair share every tick.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(started_at__isnull=False),
+                name="attempt_ended",
+            )
+        ]
 
     def __str__(self):
         return f"attempt {self.number} of job {self.job_id} on {self.node_id} ({self.state})"

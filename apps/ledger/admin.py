@@ -10,7 +10,10 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from apps.accounts.admin import OrgAdmin
+from apps.accounts.models import Org, Project, User
 from apps.accounts.operator_actions import operator_action, operator_of
+from apps.core.admin import ReadOnlyAdmin
 from apps.core.errors import GantryError
 from apps.ledger import operations, selectors, services
 from apps.ledger.forms import BucketGrantForm, BudgetForm, GrantForm
@@ -24,21 +27,6 @@ from apps.ledger.models import (
     HoldState,
     LedgerAuditEvent,
 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-def _actor(request) -> str:
-    return f"admin {request.user.get_username()}"
 
 
 @admin.register(Bucket)
@@ -232,7 +220,7 @@ class HoldAdmin(admin.ModelAdmin):
                 job_id=hold.job_ref,
                 before=_hold_state(hold),
             ) as pending:
-                result = services.settle(hold, reason=f"settled by {_actor(request)}")
+                result = services.settle(hold, reason=f"settled by {operator_of(request)}")
                 pending.skip = result.replayed
                 hold.refresh_from_db()
                 pending.after = _hold_state(hold)
@@ -367,3 +355,96 @@ def budget_usage_of_row(budget) -> tuple[int, int]:
     if not hasattr(budget, "_usage"):
         budget._usage = selectors.budget_usage(budget)
     return budget._usage
+
+
+BUDGET_SETTINGS = ("limit", "period", "mode")
+
+
+class BudgetInlineForm(forms.ModelForm):
+    class Meta:
+        model = Budget
+        fields = ("project", "user", *BUDGET_SETTINGS)
+
+    def clean(self):
+        data = super().clean()
+        if not self.instance._state.adding and any(
+            name in self.changed_data for name in ("project", "user")
+        ):
+            raise forms.ValidationError(
+                "A budget's scope (project, user) cannot change; add a budget for the new scope."
+            )
+        return data
+
+
+class BudgetInline(admin.TabularInline):
+    """The org's budgets (org-wide, per project, per user). Saved through the ledger's
+    set_budget, which recomputes held/consumed from the holds; never deleted here."""
+
+    model = Budget
+    form = BudgetInlineForm
+    extra = 0
+    fields = ("project", "user", "limit", "period", "mode", "held_total", "consumed_total")
+    readonly_fields = ("held_total", "consumed_total")
+    can_delete = False
+    verbose_name_plural = "budgets (limits in micro-credits; 1 credit = 1,000,000)"
+
+    def get_queryset(self, request):
+        # A budget is shown once, as its first lane; its figures add its lanes up.
+        return super().get_queryset(request).filter(lane_of__isnull=True)
+
+    @admin.display(description="held")
+    def held_total(self, obj):
+        return budget_usage_of_row(obj)[0] if obj.pk else 0
+
+    @admin.display(description="consumed")
+    def consumed_total(self, obj):
+        return budget_usage_of_row(obj)[1] if obj.pk else 0
+
+    def get_formset(self, request, obj=None, **kwargs):
+        self._org = obj  # the choices of project and user are the org's own
+        return super().get_formset(request, obj, **kwargs)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        org = getattr(self, "_org", None)
+        if db_field.name == "project":
+            kwargs["queryset"] = Project.objects.filter(org=org) if org else Project.objects.none()
+        if db_field.name == "user":
+            kwargs["queryset"] = User.objects.filter(org=org) if org else User.objects.none()
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class LedgerOrgAdmin(OrgAdmin):
+    """The accounts' org page with the org's budgets on it (the ledger's rows)."""
+
+    inlines = [BudgetInline, *OrgAdmin.inlines]
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Budget:
+            return super().save_formset(request, form, formset, change)
+        # Budgets are set through the ledger's operations (caches recomputed), each recorded.
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for budget_form in formset.forms:
+            if not budget_form.has_changed() or not budget_form.cleaned_data:
+                continue
+            self._set_budget(request, form.instance, budget_form, formset)
+        return None
+
+    def _set_budget(self, request, org, budget_form, formset):
+        data = budget_form.cleaned_data
+        existing = not budget_form.instance._state.adding
+        budget = operations.set_budget(
+            actor=operator_of(request),
+            org=org,
+            project=data.get("project"),
+            user=data.get("user"),
+            **{name: data[name] for name in BUDGET_SETTINGS},
+        )
+        if existing:
+            formset.changed_objects.append((budget, budget_form.changed_data))
+        else:
+            formset.new_objects.append(budget)
+
+
+# The org page is the accounts app's; the ledger layer, above it, adds the budgets.
+admin.site.unregister(Org)
+admin.site.register(Org, LedgerOrgAdmin)

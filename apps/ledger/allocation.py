@@ -10,14 +10,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from apps.ledger.models import KIND_RANK
+# The burn order, defined here once (the ledger's invariant 6): the bucket that expires
+# first is drawn first (never-expiring last), then promo before grant before paid, then
+# the oldest, then the id. `burn_key` is it in Python; the statements that draw in the
+# database (services.holds) order by BURN_ORDER_SQL, the same keys as columns: `exp`
+# (expires_at, 'infinity' when never), `kind_rank` (KIND_RANK, a generated column of the
+# bucket) and `created_at`, then their own tie-breaks. tests/ledger/test_properties.py
+# checks that the SQL and burn_key draw the same buckets.
+KIND_RANK = {"promo": 0, "grant": 1, "paid": 2}
+BURN_ORDER_SQL = ("exp", "kind_rank", "created_at")
 
 # Sorts after every real instant: never-expiring buckets burn last.
 _NEVER = (1, datetime.max.replace(tzinfo=UTC))
 
 
 def burn_key(*, expires_at: datetime | None, kind: str, created_at: datetime, bucket_id) -> tuple:
-    """DESIGN invariant 6: expires_at (never-expiring last), promo < grant < paid,
+    """The burn order's sort key: expires_at (never-expiring last), promo < grant < paid,
     created_at, id."""
     expiry = _NEVER if expires_at is None else (0, expires_at)
     return (expiry, KIND_RANK[kind], created_at, bucket_id)
@@ -78,10 +86,10 @@ def split_capture(
 ) -> list[tuple[Slot, int, datetime]]:
     """Charge `total` usage, accrued over [since, now], to the slots in spend order.
 
-    DESIGN invariant 5: a bucket takes only usage that accrued before its expires_at
-    (the window is split at that instant), so nothing is drawn from a bucket at or after
-    its expiry. Returns [(slot, amount, usage_until)]; the sum may fall short of `total`
-    when the only room left is in buckets that expired inside the window.
+    Ledger invariant 5 (docs/architecture.md): a bucket takes only usage that accrued before
+    its expires_at (the window is split at that instant), so nothing is drawn from a bucket
+    at or after its expiry. Returns [(slot, amount, usage_until)]; the sum may fall short of
+    `total` when the only room left is in buckets that expired inside the window.
     """
     charged: list[tuple[Slot, int, datetime]] = []
     taken = 0

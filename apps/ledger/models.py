@@ -25,6 +25,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 
 from apps.accounts.models import Org, Project, User
+from apps.ledger.allocation import KIND_RANK
 
 
 class BucketKind(models.TextChoices):
@@ -33,8 +34,8 @@ class BucketKind(models.TextChoices):
     GRANT = "grant", "Grant"
 
 
-# Burn order on a tie of expires_at: promotional first, then grants, then paid credit.
-KIND_RANK = {BucketKind.PROMO: 0, BucketKind.GRANT: 1, BucketKind.PAID: 2}
+# Burn order on a tie of expires_at: promotional first, then grants, then paid credit
+# (KIND_RANK, defined with the rest of the burn order in apps.ledger.allocation).
 
 
 class Bucket(models.Model):

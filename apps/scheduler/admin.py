@@ -14,6 +14,7 @@ from django.urls import path, reverse
 
 from apps.accounts.models import Org
 from apps.accounts.operator_actions import operator_action, operator_of
+from apps.core.admin import ReadOnlyAdmin
 from apps.core.errors import GantryError
 from apps.fleet import operations
 from apps.fleet.models import Gpu, GpuType, Node, NodeState
@@ -192,19 +193,6 @@ class NodeAdmin(admin.ModelAdmin):
             "can_change": self.has_change_permission(request),
         }
         return TemplateResponse(request, "admin/scheduler/fleet.html", context)
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows written by the dispatcher: operators read them, nobody edits them here."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(DispatchDecision)

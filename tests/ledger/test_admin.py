@@ -70,7 +70,7 @@ def test_adding_a_bucket_in_the_admin_grants_credit_through_the_ledger(admin_cli
     assert admin_client.post(url, body).status_code == 302  # a double submit grants once
     bucket = Bucket.objects.get(org=org)
     assert (bucket.granted, bucket.kind, bucket.project) == (3 * CREDIT, "grant", project)
-    assert bucket.actor == "admin:admin"  # the same actor as its audit row
+    assert bucket.actor == "operator:admin"  # the same actor as its audit row
     assert Entry.objects.filter(bucket=bucket, kind="issue").count() == 2
 
 

@@ -118,9 +118,9 @@ def test_the_fleet_page_in_headless_chromium_shows_what_runs_where(live_server, 
     assert str(world.running.pk) in html  # the job link (and its title)
     assert f"Node {world.idle_node.name} is now draining" in html
     assert Node.objects.get(pk=world.idle_node.pk).state == NodeState.DRAINING
-    drain = OperatorAction.objects.get(action="node.drain", actor="admin:ops")
+    drain = OperatorAction.objects.get(action="node.drain", actor="operator:ops")
     assert drain.target_id == world.idle_node.name
-    assert "operator.node.drain" in audit_row and "admin:ops" in audit_row
+    assert "operator.node.drain" in audit_row and "operator:ops" in audit_row
     assert AUDIT_ARTIFACT.stat().st_size > 20_000
     png = ARTIFACT.read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000

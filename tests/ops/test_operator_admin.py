@@ -103,7 +103,7 @@ def test_draining_and_undraining_from_the_fleet_page_is_recorded(admin_client):
     assert Node.objects.get(pk=node.pk).state == NodeState.ACTIVE
     drain, undrain = actions("node.drain")[0], actions("node.undrain")[0]
     assert (drain.actor, drain.target_id, drain.before, drain.after) == (
-        "admin:admin",
+        "operator:admin",
         node.name,
         {"state": "active"},
         {"state": "draining"},
@@ -123,7 +123,7 @@ def test_node_actions_of_the_changelist_are_recorded_and_a_refusal_too(admin_cli
     assert "drain it first" in response.content.decode()  # the busy node stays
     assert Node.objects.get(pk=world.busy_node.pk).state == NodeState.DRAINING
     assert not Node.objects.filter(pk=world.idle_node.pk).exists()  # never ran anything
-    assert {a.target_id for a in actions("node.drain") if a.actor == "admin:admin"} == {
+    assert {a.target_id for a in actions("node.drain") if a.actor == "operator:admin"} == {
         world.busy_node.name,
         world.idle_node.name,
     }
@@ -183,7 +183,7 @@ def test_granting_credits_in_the_admin_is_recorded_once_per_form(admin_client):
 
     bucket = Bucket.objects.get(org=org, kind="promo")
     [row] = actions("credits.grant")
-    assert (row.target_id, row.org_id, row.actor) == (str(bucket.pk), org.pk, "admin:admin")
+    assert (row.target_id, row.org_id, row.actor) == (str(bucket.pk), org.pk, "operator:admin")
     assert row.after["amount"] == 5 * CREDIT and row.after["kind"] == "promo"
 
 
@@ -443,7 +443,7 @@ def test_operator_actions_are_append_only_in_the_database(admin_client):
     ):
         with pytest.raises((InternalError, IntegrityError)), transaction.atomic():
             attempt()
-    assert OperatorAction.objects.get().actor == "admin:admin"
+    assert OperatorAction.objects.get().actor == "operator:admin"
     page = admin_client.get(reverse("admin:accounts_operatoraction_change", args=[row.pk]))
     assert page.status_code == 200 and b'name="_save"' not in page.content
 

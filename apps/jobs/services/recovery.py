@@ -87,7 +87,6 @@ def reap_attempt(attempt_id) -> Reaped | None:
         if job.status not in TERMINAL_STATUSES:  # else only the attempt and GPUs were left
             job = _move_lost_job_on(job, attempt)
         wake_dispatcher()
-    runner.record_decayed_usage(attempt)
     runner.ATTEMPTS.labels(ExitClass.LOST).inc()
     logger.warning("reaped lost attempt %s of job %s → %s", attempt_id, job_id, job.status)
     return Reaped(str(attempt_id), str(job_id), job.status)

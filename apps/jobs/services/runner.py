@@ -1,6 +1,6 @@
 """The runner: claim one attempt, run the black-box generator on its GPUs, finish it.
 
-Guarantees (DESIGN.md, "Flow of one job"):
+Guarantees (docs/architecture.md, "The flow of one job"):
 
 - A run starts only by claiming its attempt with a guarded UPDATE that checks the
   fencing token and both states (attempt `scheduled`, job `scheduled`). A duplicated,
@@ -406,7 +406,6 @@ def finish_attempt(attempt: Attempt, finish: Finish, *, worker: str) -> Job:
         attempt.refresh_from_db()
         job = _move_job_on(job, attempt, finish, actor=actor)
         wake_dispatcher()
-    record_decayed_usage(attempt)
     return job
 
 
@@ -533,16 +532,6 @@ def meter_attempt_usage(job: Job, attempt: Attempt) -> None:
     ledger.meter(
         job.hold, cumulative_usage=attempt.charged, seq=FINAL_SEQ, attempt_key=str(attempt.pk)
     )
-
-
-def record_decayed_usage(attempt: Attempt) -> None:
-    """Fold the attempt's GPU time into fair share's decayed usage (once per attempt)."""
-    from apps.scheduler.services import usage
-
-    try:
-        usage.record_attempt_usage(attempt_id=attempt.pk)
-    except Exception:  # fair share may lag one attempt; the job's outcome stands
-        logger.exception("decayed usage of attempt %s not recorded", attempt.pk)
 
 
 # --------------------------------------------------------------------------- the run
@@ -921,7 +910,6 @@ __all__ = [
     "heartbeat",
     "meter_attempt_usage",
     "nodes_to_avoid",
-    "record_decayed_usage",
     "request_drain",
     "requeue_or_fail",
     "retry_backoff_s",

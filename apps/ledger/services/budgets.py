@@ -3,7 +3,7 @@
 A budget caches `held` (amounts of the active holds beneath it) and `consumed` (what
 settled holds beneath it captured this period). Reservations and settlements change
 the caches inside their single write statement, the last of their transaction (the
-org row is the hottest: DESIGN measured 540/s when it is locked early and 1,200/s when
+org row is the hottest: pgbench measured 540/s when it is locked early and 1,200/s when
 it is touched last), locking the rows in the fixed order org → project → user.
 
 Creating or changing a budget recomputes its caches from the holds. So that no

@@ -25,7 +25,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from apps.core import locks
 from apps.core.clock import db_now
 from apps.core.errors import Conflict, GantryError, InsufficientCredits
-from apps.ledger.allocation import Source, burn_key, plan_draw
+from apps.ledger.allocation import BURN_ORDER_SQL, Source, burn_key, plan_draw
 from apps.ledger.metrics import count, count_budget_alerts
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
 from apps.ledger.services import budgets
@@ -102,8 +102,8 @@ SELECT b.id, b.kind, b.expires_at, b.created_at,
 # A reservation is one statement, sent in one round trip with BEGIN, the org's shared
 # budget lock (a statement of its own, so that this one's snapshot comes after it) and
 # COMMIT: the buckets are locked only while it runs. It locks the eligible funded buckets
-# in id order, draws in burn order (DESIGN invariant 6: expires_at with never-expiring
-# last, promo < grant < paid, created_at, id), inserts the hold unless its key exists,
+# in id order, draws in burn order (allocation.BURN_ORDER_SQL: expires_at with never-
+# expiring last, promo < grant < paid, created_at, id), inserts the hold unless its key exists,
 # and (only then) the allocations, entries, bucket caches and budgets.
 #
 # Lanes (Bucket.lane_of): the lanes of one grant are one rank, and a reservation locks
@@ -140,7 +140,7 @@ WITH cand AS (
        FOR NO KEY UPDATE OF b
 ), burn AS (
     SELECT id, grp, exp, kind_rank, created_at, available,
-           sum(available) OVER (ORDER BY exp, kind_rank, created_at, grp, id) AS upto
+           sum(available) OVER (ORDER BY {burn_order}, grp, id) AS upto
       FROM src
 ), plan AS (
     SELECT id, grp, exp, kind_rank, created_at,
@@ -154,7 +154,7 @@ WITH cand AS (
     SELECT NOT EXISTS (
         SELECT 1 FROM cand c, last l
          WHERE c.id NOT IN (SELECT id FROM pick) AND c.grp <> l.grp
-           AND (c.exp, c.kind_rank, c.created_at, c.grp) < (l.exp, l.kind_rank, l.created_at, l.grp)
+           AND ({burn_order_of_c}, c.grp) < ({burn_order_of_l}, l.grp)
     ) AS ok
 ), drawn AS (
     SELECT (SELECT ok FROM enough) AND (SELECT ok FROM in_order) AS ok
@@ -229,6 +229,9 @@ def _reserve_sql(sources: str, *, lanes: str, lane_fallback: str) -> str:
         .replace("{budgets}", ctes)
         .replace("{budget_checks}", refusals)
         .replace("{lane_fallback}", lane_fallback)
+        .replace("{burn_order}", ", ".join(BURN_ORDER_SQL))
+        .replace("{burn_order_of_c}", ", ".join(f"c.{key}" for key in BURN_ORDER_SQL))
+        .replace("{burn_order_of_l}", ", ".join(f"l.{key}" for key in BURN_ORDER_SQL))
     )
 
 
@@ -250,11 +253,11 @@ def reserve(
 ) -> Hold:
     """Hold `amount` micro-credits of the org for one job.
 
-    Draws from the eligible buckets in burn order (DESIGN invariant 6; only buckets
-    unexpired by the database clock whose project scope matches, org-wide ones always)
-    and records the split in HoldAllocation rows. Then counts it against the budgets
-    org → project → user: a hard budget that would be exceeded raises BudgetExceeded
-    and nothing is held; a soft one is allowed and an alert recorded. Raises
+    Draws from the eligible buckets in burn order (ledger invariant 6 in
+    docs/architecture.md; only buckets unexpired by the database clock whose project scope
+    matches, org-wide ones always) and records the split in HoldAllocation rows. Then counts
+    it against the budgets org → project → user: a hard budget that would be exceeded raises
+    BudgetExceeded and nothing is held; a soft one is allowed and an alert recorded. Raises
     InsufficientCredits (402) when less than `amount` is available.
 
     The same idempotency key returns the same hold (also under concurrent callers;
@@ -394,7 +397,7 @@ def _lock_sources(tx: LedgerTransaction, *, hold_id, org_id, project_id) -> tupl
     """Lock the eligible buckets with credit in id order: [(Source, allocation id)], now.
 
     Every eligible funded bucket is locked, so the burn order is exact: no lower-ranked
-    bucket is drawn while a higher-ranked one has funds (DESIGN invariant 6).
+    bucket is drawn while a higher-ranked one has funds (ledger invariant 6, docs/architecture.md).
     """
     rows = tx.query(_LOCK_SOURCES, {"hold": hold_id, "org": org_id, "project": project_id})
     sources = [

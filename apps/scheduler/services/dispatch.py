@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F, Q
@@ -37,6 +38,7 @@ from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecisio
 from apps.scheduler.policy import TIERS, Decision, Place, Preempt, Reserve, schedule
 from apps.scheduler.services import metrics
 from apps.scheduler.services.snapshot import build_snapshot
+from apps.scheduler.services.usage import fold_ended_attempts
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ def run_dispatch_tick() -> TickResult:
             metrics.TICKS.labels("skipped").inc()
             return TickResult(ran=False)
         drop_stale_claims()
+        fold_ended_attempts()  # fair share sees every attempt that ended before this tick
         snapshot = build_snapshot()
         policy_started = time.perf_counter()
         decisions = schedule(snapshot.cluster)
@@ -337,10 +340,8 @@ def publish_run_attempt(*, attempt_id, fencing_token: int, node_name: str) -> bo
 
     A lost message is not a lost job: the attempt stays scheduled until its worker
     claims it, and the recovery task re-sends the message or requeues the job."""
-    from config.celery import app
-
     try:
-        app.send_task(
+        current_app.send_task(
             RUN_ATTEMPT_TASK,
             args=[str(attempt_id), fencing_token],
             queue=node_queue(node_name),

@@ -1,6 +1,8 @@
 """Decayed GPU-seconds per tier, org and user: what fair share remembers.
 
-Finished attempts are folded into `UsageAccount` rows once each (record_attempt_usage);
+Finished attempts are folded into `UsageAccount` rows once each (record_attempt_usage),
+by the scheduler itself: each dispatch tick first folds the attempts that ended since
+(fold_ended_attempts), so the jobs app never calls up into the scheduler;
 attempts still holding GPUs are counted by the snapshot from their start time, so a
 running job weighs on its owner at once and nothing is counted twice. Rows are touched
 once per finished attempt, never per heartbeat (the hot path stays on per-hold rows).
@@ -130,6 +132,34 @@ def record_attempt_usage(*, attempt_id) -> float | None:
             spread_over_s=span,
         )
     return gpu_seconds
+
+
+# How many ended attempts one tick folds at most (the rest wait for the next tick), and
+# how far back a tick looks: an attempt that ended while no tick ran for longer than this
+# is left out of fair share (a bounded error, in exchange for a bounded read per tick).
+FOLD_BATCH = 1000
+FOLD_LOOKBACK_S = 3600
+
+_UNRECORDED_ENDED_ATTEMPTS = """
+SELECT a.id FROM jobs_attempt a
+ WHERE a.state = 'finished' AND a.started_at IS NOT NULL
+   AND a.finished_at > statement_timestamp() - %(horizon)s * interval '1 second'
+   AND NOT EXISTS (SELECT 1 FROM scheduler_recordedattemptusage r WHERE r.attempt_id = a.id)
+ ORDER BY a.finished_at
+ LIMIT %(limit)s
+"""
+
+
+def fold_ended_attempts(*, limit: int = FOLD_BATCH) -> int:
+    """Fold every attempt that ended and is not yet in fair share's usage (up to `limit`,
+    oldest first); returns how many were folded. Safe to run concurrently and twice: each
+    attempt is recorded at most once (record_attempt_usage). Attempts that ended longer ago
+    than FOLD_LOOKBACK_S are not read."""
+    horizon = min(FOLD_LOOKBACK_S, FORGOTTEN_AFTER_HALF_LIVES * half_life_s())
+    with connection.cursor() as cursor:
+        cursor.execute(_UNRECORDED_ENDED_ATTEMPTS, {"horizon": horizon, "limit": limit})
+        ended = [row[0] for row in cursor.fetchall()]
+    return sum(record_attempt_usage(attempt_id=attempt_id) is not None for attempt_id in ended)
 
 
 def decayed_accounts(now: datetime) -> dict[tuple[str, str], float]:
