@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "apps.ledger",
     "apps.scheduler",
     "apps.jobs",
+    "apps.audit",
 ]
 
 MIDDLEWARE = [

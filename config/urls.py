@@ -26,7 +26,7 @@ v1 = [
     path("", include("apps.accounts.urls")),
     path("", include("apps.ledger.urls")),
     path("", include("apps.scheduler.urls")),
-    path("", include("apps.scheduler.urls_audit")),
+    path("", include("apps.audit.urls")),
 ]
 
 urlpatterns = [

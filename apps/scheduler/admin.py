@@ -1,9 +1,8 @@
-"""Operators' view of the fleet and of the dispatcher's decisions, plus the two pages an
-operator lives in: the fleet (what runs where, drain/undrain) and the audit trail (every
-credit and scheduling decision, filterable by org, job, time and kind). Changes made here
-go through the services and are recorded as operator actions."""
+"""Operators' view of the fleet and of the dispatcher's decisions, and the page an operator
+lives in: the fleet (what runs where, drain/undrain). The audit trail page is the audit
+app's (apps.audit.admin). Changes made here go through the services and are recorded as
+operator actions."""
 
-from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
@@ -12,21 +11,12 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from apps.accounts.models import Org
 from apps.accounts.operator_actions import operator_action, operator_of
 from apps.core.admin import ReadOnlyAdmin
 from apps.core.errors import GantryError
 from apps.fleet import operations
 from apps.fleet.models import Gpu, GpuType, Node, NodeState
 from apps.scheduler.models import DispatchDecision, NodeClaim, UsageAccount
-from apps.scheduler.selectors_audit import (
-    KINDS,
-    MAX_LIMIT,
-    SOURCES,
-    AuditCursor,
-    AuditFilters,
-    audit_page,
-)
 from apps.scheduler.selectors_fleet import fleet_overview
 
 admin.site.site_header = "Gantry operations"
@@ -203,81 +193,6 @@ class DispatchDecisionAdmin(ReadOnlyAdmin):
     date_hierarchy = "at"
     list_select_related = False
     raw_id_fields = ("job", "attempt")
-
-    def get_urls(self):
-        audit = path("audit/", self.admin_site.admin_view(self.audit_view), name="audit_trail")
-        return [audit, *super().get_urls()]
-
-    def audit_view(self, request):
-        """The merged audit trail (selectors_audit), newest first, with filters."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        form = AuditFilterForm(request.GET)
-        page, filters_query = None, ""
-        if form.is_valid():
-            data = form.cleaned_data
-            filters = AuditFilters(
-                org_id=data["org"].pk if data["org"] else None,
-                job_id=data["job"],
-                since=data["since"],
-                until=data["until"],
-                kinds=frozenset([data["kind"]]) if data["kind"] else frozenset(),
-            )
-            try:
-                cursor = AuditCursor.decode(data["cursor"]) if data["cursor"] else None
-                page = audit_page(filters=filters, cursor=cursor, limit=data["limit"] or 50)
-            except GantryError as exc:
-                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-            query = request.GET.copy()
-            query.pop("cursor", None)
-            filters_query = query.urlencode()
-        org_names = {}
-        if page is not None:
-            org_ids = {item.org_id for item in page.items if item.org_id}
-            org_names = dict(Org.objects.filter(pk__in=org_ids).values_list("pk", "name"))
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Audit trail",
-            "opts": self.model._meta,
-            "form": form,
-            "rows": [
-                {"item": item, "org_name": org_names.get(item.org_id, "")}
-                for item in (page.items if page else [])
-            ],
-            "next_cursor": page.next_cursor.encode() if page and page.next_cursor else None,
-            "filters_query": filters_query,
-            "sources": SOURCES,
-        }
-        return TemplateResponse(request, "admin/scheduler/audit_trail.html", context)
-
-
-class AuditFilterForm(forms.Form):
-    org = forms.ModelChoiceField(queryset=Org.objects.order_by("name"), required=False)
-    job = forms.UUIDField(required=False, label="Job id")
-    since = forms.DateTimeField(
-        required=False,
-        help_text="UTC, inclusive",
-        widget=forms.DateTimeInput(
-            attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S"
-        ),
-    )
-    until = forms.DateTimeField(
-        required=False,
-        help_text="UTC, exclusive",
-        widget=forms.DateTimeInput(
-            attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S"
-        ),
-    )
-    kind = forms.ChoiceField(choices=[("", "everything"), *((k, k) for k in KINDS)], required=False)
-    limit = forms.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT)
-    cursor = forms.CharField(required=False, widget=forms.HiddenInput)
-
-    def clean(self):
-        data = super().clean()
-        since, until = data.get("since"), data.get("until")
-        if since and until and until <= since:
-            self.add_error("until", "until must be later than since.")
-        return data
 
 
 @admin.register(NodeClaim)

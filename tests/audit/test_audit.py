@@ -10,10 +10,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.accounts.models import OperatorAction
+from apps.audit.selectors import RANK
 from apps.jobs.models import JobEvent
 from apps.ledger.models import Entry
 from apps.scheduler.models import DispatchDecision
-from apps.scheduler.selectors_audit import RANK
 from tests.jobs.factories import reset_job_state
 from tests.ops.audit_world import funded, platform, submitted
 

@@ -1,4 +1,4 @@
-"""GET /v1/audit: the operators' merged audit trail (see selectors_audit)."""
+"""GET /v1/audit: the operators' merged audit trail (apps.audit.selectors)."""
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
@@ -7,8 +7,7 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Org
 from apps.accounts.permissions import IsOperator
-from apps.jobs.models import Job
-from apps.scheduler.selectors_audit import (
+from apps.audit.selectors import (
     KINDS,
     MAX_LIMIT,
     AuditCursor,
@@ -16,6 +15,7 @@ from apps.scheduler.selectors_audit import (
     audit_page,
     parse_kinds,
 )
+from apps.jobs.models import Job
 
 
 class AuditQuerySerializer(serializers.Serializer):

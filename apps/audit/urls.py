@@ -1,5 +1,5 @@
 from django.urls import path
 
-from apps.scheduler.audit_api import AuditTrailView
+from apps.audit.views import AuditTrailView
 
 urlpatterns = [path("audit", AuditTrailView.as_view(), name="audit")]
