@@ -1,13 +1,20 @@
 """Prometheus series of jobs: admission, start wait, retries and failures, heartbeats.
 
-The runner's own counters (attempts by exit class, heartbeats, GPU-seconds) are defined
-in services/runner.py. Served by /metrics of whichever process moves them (API for
+Served by /metrics of whichever process moves them (API for
 admission; the node's worker for the rest; apps/core/metrics.py).
 """
 
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
+# The runner's: attempts by exit class, heartbeats by outcome, GPU-seconds used.
+ATTEMPTS = Counter(
+    "gantry_runner_attempts_total", "Attempts run to their end, by exit class.", ["exit_class"]
+)
+HEARTBEATS = Counter(
+    "gantry_runner_heartbeats_total", "Heartbeats by outcome (ok, fenced, error).", ["outcome"]
+)
+GPU_SECONDS = Counter("gantry_runner_gpu_seconds_total", "GPU-seconds used by finished attempts.")
 ADMISSION_REFUSALS = Counter(
     "gantry_admission_refusals_total",
     "Submissions refused with 429, by tier and reason (rate_limited: the org's or the "

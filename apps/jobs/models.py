@@ -134,6 +134,12 @@ class AttemptState(models.TextChoices):
     FINISHED = "finished"
 
 
+# A worker holds the attempt (it was claimed and has not finished): leases apply.
+CLAIMED_ATTEMPT_STATES = (AttemptState.RUNNING, AttemptState.STOPPING)
+# Not finished: placed and perhaps not yet claimed, or claimed. Its GPUs are held.
+UNFINISHED_ATTEMPT_STATES = (AttemptState.SCHEDULED, *CLAIMED_ATTEMPT_STATES)
+
+
 class ExitClass(models.TextChoices):
     SUCCEEDED = "succeeded"
     CRASHED = "crashed"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.db.models import Count, QuerySet
 from django.shortcuts import get_object_or_404
 
-from apps.jobs.models import Job, JobEvent, JobStatus
+from apps.jobs.models import Attempt, Job, JobEvent, JobStatus
+from apps.jobs.services.exits import FAILURE_CLASSES
 
 OUTSTANDING_STATUSES = (
     JobStatus.QUEUED,
@@ -101,3 +102,16 @@ def webhooks_to_redeliver(*, finished_after, finished_before, limit: int) -> lis
         .filter(~Exists(outcome))
         .values_list("id", flat=True)[:limit]
     )
+
+
+def nodes_to_avoid(job_ids) -> dict:
+    """{job id: {node id}} of nodes where the job's earlier attempts failed.
+
+    The dispatcher places a retry elsewhere when it can (and on one of these nodes
+    rather than not at all).
+    """
+    avoid: dict = {}
+    rows = Attempt.objects.filter(job_id__in=list(job_ids), exit_class__in=FAILURE_CLASSES)
+    for job_id, node_id in rows.values_list("job_id", "node_id"):
+        avoid.setdefault(job_id, set()).add(node_id)
+    return avoid

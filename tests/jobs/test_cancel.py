@@ -3,7 +3,7 @@
 import pytest
 
 from apps.jobs.models import AttemptState, ExitClass, GpuAssignment, Job, JobEvent, JobStatus
-from apps.jobs.services.lifecycle import transition
+from apps.jobs.services.outcomes import end_job, requeue_job
 from apps.ledger import services as ledger
 from apps.ledger.models import HoldState
 from tests.conftest import client_with
@@ -82,7 +82,7 @@ def test_cancel_while_running_asks_the_worker_and_charges_only_time_used(tenant,
     ledger.meter(job.hold, cumulative_usage=used, seq=1, attempt_key=str(attempt.id))
     attempt.charged = used
     attempt.save(update_fields=["charged"])
-    transition(job.id, to=JobStatus.CANCELLED, reason="stopped", actor="worker", attempt=attempt)
+    end_job(job.id, to=JobStatus.CANCELLED, reason="stopped", actor="worker", attempt=attempt)
 
     final = tenant.get(f"/v1/jobs/{job.id}").json()
     assert final["status"] == "cancelled"
@@ -99,7 +99,7 @@ def test_cancel_while_preempting_cancels_when_the_job_comes_back_to_the_queue(te
     assert response.json()["status"] == "preempting"
 
     # The preemption completes: instead of waiting in the queue, the job is cancelled.
-    returned = transition(job.id, to=JobStatus.QUEUED, reason="preempted", actor="worker")
+    returned = requeue_job(job.id, reason="preempted", actor="worker")
 
     assert returned.status == JobStatus.CANCELLED
     steps = list(JobEvent.objects.filter(job=job).values_list("from_status", "to_status"))

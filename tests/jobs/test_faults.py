@@ -19,7 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.jobs.models import Attempt, AttemptState, ExitClass, Job, JobEvent, JobStatus
-from apps.jobs.services import runner
+from apps.jobs.services import attempts
 from apps.ledger import services as ledger
 from apps.scheduler.services.dispatch import publish_run_attempt
 from tests.jobs.factories import JobFactory, funded_org, place
@@ -128,10 +128,10 @@ def test_a_killed_worker_s_job_is_requeued_after_its_lease_and_resumes_elsewhere
 
     # Late writes of the dead attempt (a zombie runner) are fenced off.
     before = (lost.gpu_ms, lost.charged, job.hold.captured)
-    assert runner.heartbeat(lost, gpu_ms=10**9, charged=10**9, seq=10**6) is None
-    with pytest.raises(runner.Fenced):
-        runner.finish_attempt(
-            lost, runner.Finish(ExitClass.SUCCEEDED, 0, gpu_ms=10**9, charged=10**9), worker="z"
+    assert attempts.heartbeat(lost, gpu_ms=10**9, charged=10**9, seq=10**6) is None
+    with pytest.raises(attempts.Fenced):
+        attempts.finish_attempt(
+            lost, attempts.Finish(ExitClass.SUCCEEDED, 0, gpu_ms=10**9, charged=10**9), worker="z"
         )
     lost.refresh_from_db()
     job.refresh_from_db()

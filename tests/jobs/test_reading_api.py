@@ -5,7 +5,7 @@ from urllib.parse import quote
 import pytest
 
 from apps.jobs.models import JobStatus
-from apps.jobs.services.lifecycle import transition
+from apps.jobs.services.outcomes import end_job
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, org_key
 from tests.jobs.factories import JobFactory, funded_org, reset_job_state, spec_body, submit
@@ -113,7 +113,7 @@ def test_list_pages_with_an_opaque_cursor_newest_first(tenant, org, project):
 
 def test_events_are_listed_oldest_first(tenant, project):
     job_id = submit(tenant, spec_body(project="video")).json()["id"]
-    transition(job_id, to=JobStatus.CANCELLED, reason="changed my mind", actor="test")
+    end_job(job_id, to=JobStatus.CANCELLED, reason="changed my mind", actor="test")
     response = tenant.get(f"/v1/jobs/{job_id}/events")
     assert response.status_code == 200
     events = response.json()["results"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from apps.jobs import selectors
 from apps.jobs.models import (
     Attempt,
     AttemptState,
@@ -23,7 +24,7 @@ from apps.jobs.models import (
     JobStatus,
     QuarantinedFingerprint,
 )
-from apps.jobs.services import quarantine, runner
+from apps.jobs.services import exits, quarantine, runner
 from apps.jobs.services.lifecycle import transition
 from apps.ledger import services as ledger
 from apps.ledger.models import HoldState
@@ -91,9 +92,9 @@ def wait_for(condition, *, timeout=20.0):
 
 def test_usage_is_floored_micro_credits_of_gpu_milliseconds():
     # 1 GPU-hour at 4 credits/h costs exactly 4 credits; one GPU-ms less costs 1 µc less.
-    assert runner.usage_micro_credits(gpu_ms=3_600_000, price_per_gpu_hour=4_000_000) == 4_000_000
-    assert runner.usage_micro_credits(gpu_ms=3_599_999, price_per_gpu_hour=4_000_000) == 3_999_998
-    assert runner.usage_micro_credits(gpu_ms=899, price_per_gpu_hour=4_000_000) == 998
+    assert exits.usage_micro_credits(gpu_ms=3_600_000, price_per_gpu_hour=4_000_000) == 4_000_000
+    assert exits.usage_micro_credits(gpu_ms=3_599_999, price_per_gpu_hour=4_000_000) == 3_999_998
+    assert exits.usage_micro_credits(gpu_ms=899, price_per_gpu_hour=4_000_000) == 998
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,7 @@ def test_usage_is_floored_micro_credits_of_gpu_milliseconds():
 )
 def test_exit_classification(returncode, stop, stderr, files, expected, tmp_path):
     outputs = [tmp_path / f"out-{i}.gif" for i in range(files)]
-    exit_class, message = runner.classify_exit(
+    exit_class, message = exits.classify_exit(
         returncode=returncode, stop_reason=stop, stderr_tail=stderr, output_files=outputs
     )
     assert exit_class == expected
@@ -125,7 +126,7 @@ def test_exit_classification(returncode, stop, stderr, files, expected, tmp_path
 def test_backoff_doubles_per_failure_up_to_its_cap(settings):
     settings.GANTRY_RETRY_BACKOFF_S = 10
     settings.GANTRY_RETRY_BACKOFF_MAX_S = 60
-    assert [runner.retry_backoff_s(n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 60, 60]
+    assert [exits.retry_backoff_s(n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 60, 60]
 
 
 # --------------------------------------------------------------------------- claims
@@ -369,4 +370,4 @@ def test_failed_nodes_are_reported_for_the_dispatcher_to_avoid():
     job, attempt = scheduled_job(prompt="a fox !crash")
     runner.run_attempt(attempt.pk, attempt.fencing_token, worker="w1")
 
-    assert runner.nodes_to_avoid([job.pk]) == {job.pk: {attempt.node_id}}
+    assert selectors.nodes_to_avoid([job.pk]) == {job.pk: {attempt.node_id}}

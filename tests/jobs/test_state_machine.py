@@ -4,6 +4,7 @@ import pytest
 
 from apps.jobs.models import TERMINAL_STATUSES, Job, JobEvent, JobStatus
 from apps.jobs.services.lifecycle import ALLOWED, IllegalTransition, transition
+from apps.jobs.services.outcomes import end_job, move_job
 from apps.jobs.services.webhooks import enqueue_delivery
 from apps.ledger.models import HoldState
 from tests.factories import OrgFactory
@@ -41,7 +42,7 @@ def test_every_legal_transition_moves_the_job_and_logs_it(org, src, dst):
     job = JobFactory(org=org, status=src, with_hold=True)
     events_before = JobEvent.objects.filter(job=job).count()
 
-    moved = transition(job.id, to=dst, reason=f"test {src}->{dst}", actor="test")
+    moved = move_job(job.id, to=dst, reason=f"test {src}->{dst}", actor="test")
 
     assert moved.status == dst
     stored = Job.objects.select_related("hold").get(pk=job.pk)
@@ -66,7 +67,7 @@ def test_every_illegal_transition_is_refused_and_changes_nothing(org, src, dst):
     hold_before = (job.hold.state, job.hold.captured, job.hold.refunded)
 
     with pytest.raises(IllegalTransition):
-        transition(job.id, to=dst, reason="should not happen", actor="test")
+        move_job(job.id, to=dst, reason="should not happen", actor="test")
 
     stored = Job.objects.select_related("hold").get(pk=job.pk)
     assert stored.status == src
@@ -101,7 +102,7 @@ def test_a_terminal_transition_queues_the_webhook_on_commit(
     without = JobFactory(org=org, status=JobStatus.RUNNING)
 
     with django_capture_on_commit_callbacks() as callbacks:
-        transition(without.id, to=JobStatus.FAILED, reason="crashed", actor="test")
+        end_job(without.id, to=JobStatus.FAILED, reason="crashed", actor="test")
     assert not [cb for cb in callbacks if getattr(cb, "func", None) is enqueue_delivery]
 
     with django_capture_on_commit_callbacks() as callbacks:
@@ -110,6 +111,6 @@ def test_a_terminal_transition_queues_the_webhook_on_commit(
 
     job = JobFactory(org=org, status=JobStatus.RUNNING, webhook_url="https://hooks.test/y")
     with django_capture_on_commit_callbacks() as callbacks:
-        transition(job.id, to=JobStatus.SUCCEEDED, reason="done", actor="test")
+        end_job(job.id, to=JobStatus.SUCCEEDED, reason="done", actor="test")
     hooks = [cb for cb in callbacks if getattr(cb, "func", None) is enqueue_delivery]
     assert [cb.args for cb in hooks] == [(job.id,)]

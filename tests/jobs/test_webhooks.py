@@ -20,7 +20,7 @@ from django.test import override_settings
 
 from apps.jobs.models import JobEvent, JobStatus
 from apps.jobs.services import webhooks
-from apps.jobs.services.lifecycle import transition
+from apps.jobs.services.outcomes import end_job
 from apps.jobs.services.webhooks import UnsafeWebhookTarget, check_target, verify_signature
 from tests.conftest import client_with
 from tests.factories import org_key
@@ -101,7 +101,7 @@ def org():
 
 def finished_job(org, url: str, status=JobStatus.SUCCEEDED):
     job = JobFactory(org=org, status=JobStatus.RUNNING, webhook_url=url)
-    return transition(job.id, to=status, reason="done", actor="test")
+    return end_job(job.id, to=status, reason="done", actor="test")
 
 
 def assert_signed_job_body(request: dict, org, job) -> dict:
@@ -298,7 +298,7 @@ def test_a_worker_delivers_the_signed_webhook_after_a_failure(control_worker):
         with override_settings(**LOCAL_HOOKS):
             job = JobFactory(org=org, status=JobStatus.RUNNING, webhook_url=server.url)
             # The terminal transition commits and queues the delivery on commit.
-            job = transition(job.id, to=JobStatus.SUCCEEDED, reason="done", actor="test")
+            job = end_job(job.id, to=JobStatus.SUCCEEDED, reason="done", actor="test")
 
         requests = server.wait_for(2, timeout=30)
         assert len(requests) == 2, control_worker()[-3000:]

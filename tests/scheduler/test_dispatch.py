@@ -12,6 +12,7 @@ from apps.accounts.models import Tier
 from apps.fleet.models import Node, NodeState
 from apps.fleet.services import drain_node
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobEvent, JobStatus
+from apps.jobs.services import attempts
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
 from apps.scheduler.policy import Place
 from apps.scheduler.services.dispatch import apply_placement, run_dispatch_tick
@@ -380,8 +381,6 @@ def test_a_retry_is_placed_away_from_the_node_its_attempt_crashed_on():
 
 
 def test_preemption_stops_the_job_that_checkpointed_last_losing_the_least_work():
-    from apps.jobs.services import runner
-
     paid_org = OrgFactory(tier=Tier.PAID)
     NodeFactory(gpus=2)
     NodeFactory(gpus=2)
@@ -392,7 +391,7 @@ def test_preemption_stops_the_job_that_checkpointed_last_losing_the_least_work()
     start_attempt(live_attempt(unsaved), ran_for_s=400)
     start_attempt(live_attempt(saved), ran_for_s=600)
     attempt = live_attempt(saved)
-    assert runner.heartbeat(attempt, gpu_ms=1, charged=0, seq=1, checkpoint="step-90")
+    assert attempts.heartbeat(attempt, gpu_ms=1, charged=0, seq=1, checkpoint="step-90")
     attempt.refresh_from_db()
     assert attempt.checkpointed_at is not None
     queued_since(120, org=OrgFactory(tier=Tier.ENTERPRISE), gpu_count=2)

@@ -10,7 +10,7 @@ import pytest
 
 from apps.fleet.models import GpuType
 from apps.jobs.models import Attempt, JobStatus
-from apps.jobs.services.lifecycle import transition
+from apps.jobs.services.outcomes import end_job
 from apps.ledger import services as ledger
 from apps.ledger.models import HoldState
 from apps.scheduler.services.dispatch import run_dispatch_tick
@@ -61,7 +61,7 @@ def run_to_success(attempt: Attempt, *, gpu_seconds: int) -> None:
     Attempt.objects.filter(pk=attempt.pk).update(gpu_ms=gpu_ms, charged=charged)
     attempt.refresh_from_db()
     ledger.meter(attempt.job.hold, cumulative_usage=charged, seq=1, attempt_key=str(attempt.pk))
-    transition(
+    end_job(
         attempt.job_id,
         to=JobStatus.SUCCEEDED,
         reason="the generator succeeded",

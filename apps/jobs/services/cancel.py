@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models.functions import Now
 
 from apps.core.errors import Conflict
-from apps.core.wakeup import wake_dispatcher
-from apps.jobs.models import Attempt, AttemptState, ExitClass, GpuAssignment, Job, JobStatus
-from apps.jobs.services.lifecycle import record_event, transition
+from apps.jobs.models import Attempt, AttemptState, ExitClass, Job, JobStatus
+from apps.jobs.services.attempts import end_attempt
+from apps.jobs.services.lifecycle import record_event
+from apps.jobs.services.outcomes import end_job
 
 
 class JobFinished(Conflict):
@@ -34,7 +34,7 @@ def cancel_job(job_id, *, actor: str, reason: str = "cancelled by the client") -
         if job.is_terminal:
             raise JobFinished(f"Job {job.id} already finished ({job.status}).", field="status")
         if job.status == JobStatus.QUEUED:
-            return transition(
+            return end_job(
                 job.id, to=JobStatus.CANCELLED, reason=reason, actor=actor, only_from=[job.status]
             )
         if job.status == JobStatus.SCHEDULED:
@@ -44,20 +44,14 @@ def cancel_job(job_id, *, actor: str, reason: str = "cancelled by the client") -
                 .order_by("pk")
                 .first()
             )
-            stopped = attempt is not None and (
-                Attempt.objects.filter(pk=attempt.pk, state=AttemptState.SCHEDULED).update(
-                    state=AttemptState.FINISHED,
-                    exit_class=ExitClass.KILLED,
-                    error_message="cancelled before it started",
-                    finished_at=Now(),
-                )
-                == 1
+            stopped = attempt is not None and end_attempt(
+                attempt.pk,
+                from_states=[AttemptState.SCHEDULED],
+                exit_class=ExitClass.KILLED,
+                error_message="cancelled before it started",
             )
             if stopped:
-                GpuAssignment.objects.filter(attempt=attempt, released_at__isnull=True).update(
-                    released_at=Now()
-                )
-                job = transition(
+                return end_job(
                     job.id,
                     to=JobStatus.CANCELLED,
                     reason=reason,
@@ -65,8 +59,6 @@ def cancel_job(job_id, *, actor: str, reason: str = "cancelled by the client") -
                     only_from=[JobStatus.SCHEDULED],
                     attempt=attempt,
                 )
-                wake_dispatcher()  # its GPUs are free for the next job
-                return job
         if not job.cancel_requested:
             Job.objects.filter(pk=job.pk).update(cancel_requested=True)
             record_event(

@@ -1,29 +1,20 @@
 """The job state machine: the only code that changes Job.status.
 
 Every transition is one guarded UPDATE of the job row plus one JobEvent, in one
-transaction. Terminal states settle or release the job's hold through the ledger,
-exactly once (the ledger's settle is itself at-most-once; the state guard makes the
-second caller fail before it gets there).
+transaction, and nothing more: money and follow-ups (settling the hold, the webhook,
+cancelling a job that comes back to the queue with a cancel pending) are the job-outcome
+service's (apps.jobs.services.outcomes), which every caller that ends or requeues a job
+goes through.
 
     queued → scheduled → running → succeeded | failed | timed_out | cancelled
     running → preempting → queued            (resume from checkpoint)
     scheduled | running → queued             (lost lease or retryable failure)
     queued | scheduled → cancelled | failed  (cancel before start; dead letter)
-
-Two follow-ups ride on a transition, in the same transaction:
-
-- a terminal status queues the job's webhook (if it has one) once the transaction
-  commits (apps.jobs.services.webhooks);
-- a job that was asked to cancel while running or preempting (`cancel_requested`) and
-  comes back to `queued` (preempted, lost lease, retryable failure) is cancelled at once
-  (a second transition, queued → cancelled, with its own event) instead of waiting in
-  the queue to run again: the caller gets the cancelled job back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import partial
 
 from django.db import transaction
 from django.db.models.functions import Now
@@ -94,39 +85,7 @@ def transition(
             data=data or {},
         )
         job.refresh_from_db()
-        if to in TERMINAL_STATUSES:
-            close_hold(job, reason=f"{to}: {reason}", attempt=attempt)
-            if job.webhook_url:
-                from apps.jobs.services.webhooks import enqueue_delivery
-
-                transaction.on_commit(partial(enqueue_delivery, job.id))
-        elif to == S.QUEUED and job.cancel_requested:
-            return transition(
-                job.id,
-                to=S.CANCELLED,
-                reason="cancelled: cancel was requested before the job was requeued",
-                actor=actor,
-                only_from=[S.QUEUED],
-            )
         return job
-
-
-def close_hold(job: Job, *, reason: str, attempt: Attempt | None) -> None:
-    """Settle the job's hold at what its attempts used, or release it if none ran."""
-    from apps.ledger import services as ledger
-
-    if job.hold_id is None:
-        return
-    ran = job.attempts.filter(started_at__isnull=False).exists()
-    if not ran:
-        ledger.release(job.hold, reason=reason)
-        return
-    if attempt is not None and attempt.started_at is not None:
-        ledger.settle(
-            job.hold, reason=reason, final_usage=attempt.charged, attempt_key=str(attempt.id)
-        )
-    else:
-        ledger.settle(job.hold, reason=reason)
 
 
 def record_event(job: Job, *, reason: str, actor: str, data: dict | None = None) -> JobEvent:

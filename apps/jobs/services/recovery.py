@@ -16,17 +16,20 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from apps.core.wakeup import wake_dispatcher
+from apps.jobs.metrics import ATTEMPTS
 from apps.jobs.models import (
+    CLAIMED_ATTEMPT_STATES,
     TERMINAL_STATUSES,
     Attempt,
     AttemptState,
     ExitClass,
-    GpuAssignment,
     Job,
     JobStatus,
 )
-from apps.jobs.services import lifecycle, runner
+from apps.jobs.services import billing, outcomes
+from apps.jobs.services.attempts import end_attempt
+from apps.jobs.services.outcomes import after_attempt, requeue_or_fail
+from apps.ledger.models import HoldState
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ def reap_expired_leases(*, limit: int = 200) -> list[Reaped]:
     job asked to cancel is cancelled. Returns what this call reaped.
     """
     due = list(
-        Attempt.objects.filter(state__in=runner.LIVE_ATTEMPT_STATES, lease_expires_at__lt=Now())
+        Attempt.objects.filter(state__in=CLAIMED_ATTEMPT_STATES, lease_expires_at__lt=Now())
         .order_by("lease_expires_at", "pk")
         .values_list("pk", flat=True)[:limit]
     )
@@ -70,24 +73,19 @@ def reap_attempt(attempt_id) -> Reaped | None:
         return None
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        lost = Attempt.objects.filter(
-            pk=attempt_id, state__in=runner.LIVE_ATTEMPT_STATES, lease_expires_at__lt=Now()
-        ).update(
-            state=AttemptState.FINISHED,
+        lost = end_attempt(
+            attempt_id,
+            from_states=CLAIMED_ATTEMPT_STATES,
+            lease_expired=True,
             exit_class=ExitClass.LOST,
             error_message=LOST_MESSAGE,
-            finished_at=Now(),
         )
         if not lost:
             return None
-        GpuAssignment.objects.filter(attempt_id=attempt_id, released_at__isnull=True).update(
-            released_at=Now()
-        )
         attempt = Attempt.objects.select_related("node").get(pk=attempt_id)
         if job.status not in TERMINAL_STATUSES:  # else only the attempt and GPUs were left
             job = _move_lost_job_on(job, attempt)
-        wake_dispatcher()
-    runner.ATTEMPTS.labels(ExitClass.LOST).inc()
+    ATTEMPTS.labels(ExitClass.LOST).inc()
     logger.warning("reaped lost attempt %s of job %s → %s", attempt_id, job_id, job.status)
     return Reaped(str(attempt_id), str(job_id), job.status)
 
@@ -96,17 +94,17 @@ def _move_lost_job_on(job: Job, attempt: Attempt) -> Job:
     """The next status of a job whose attempt was just reaped (inside reap_attempt)."""
     data = {"attempt": attempt.number, "exit_class": ExitClass.LOST, "node": attempt.node.name}
     checkpoint = {"checkpoint_ref": attempt.checkpoint_ref} if attempt.checkpoint_ref else {}
-    move = partial(runner.transition_after_attempt, job, attempt, actor=ACTOR, data=data)
+    move = partial(after_attempt, job, attempt, actor=ACTOR, data=data)
     if job.cancel_requested:
         return move(to=JobStatus.CANCELLED, reason="cancelled; its worker was lost")
     if job.status == JobStatus.PREEMPTING:
-        runner.meter_attempt_usage(job, attempt)
+        billing.meter_final_usage(job, attempt)
         return move(
             to=JobStatus.QUEUED,
             reason="preempted; its worker was lost while stopping",
             changes={"preemption_count": F("preemption_count") + 1, **checkpoint},
         )
-    return runner.requeue_or_fail(
+    return requeue_or_fail(
         job, attempt, reason=LOST_MESSAGE, actor=ACTOR, data=data, changes=checkpoint
     )
 
@@ -120,8 +118,6 @@ def close_stranded_holds(*, limit: int = 200) -> int:
     (`failed`, error_code "hold_expired"): they can no longer be paid for. Returns the
     number of jobs handled.
     """
-    from apps.ledger.models import HoldState
-
     stranded = list(
         Job.objects.filter(
             Q(status__in=TERMINAL_STATUSES, hold__state=HoldState.ACTIVE)
@@ -139,8 +135,6 @@ def close_stranded_holds(*, limit: int = 200) -> int:
 
 def close_stranded_hold(job_id) -> bool:
     """Close one stranded hold (see close_stranded_holds); False if nothing was left to do."""
-    from apps.ledger.models import HoldState
-
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.hold_id is None:
@@ -150,23 +144,22 @@ def close_stranded_hold(job_id) -> bool:
             if hold_state != HoldState.ACTIVE:
                 return False
             for attempt in job.attempts.filter(started_at__isnull=False, charged__gt=0):
-                runner.meter_attempt_usage(job, attempt)
-            lifecycle.close_hold(job, reason=f"{job.status}: recovered by {ACTOR}", attempt=None)
+                billing.meter_final_usage(job, attempt)
+            billing.settle_hold(job, reason=f"{job.status}: recovered by {ACTOR}", attempt=None)
             return True
         if hold_state == HoldState.ACTIVE:
             return False
         # A placed but unclaimed attempt would keep its GPUs: close it with the job.
-        unclaimed = list(job.attempts.filter(state=AttemptState.SCHEDULED))
-        Attempt.objects.filter(pk__in=[a.pk for a in unclaimed]).update(
-            state=AttemptState.FINISHED,
-            exit_class=ExitClass.KILLED,
-            error_message="never started: the job's credit hold expired",
-            finished_at=Now(),
-        )
-        GpuAssignment.objects.filter(attempt__in=unclaimed, released_at__isnull=True).update(
-            released_at=Now()
-        )
-        lifecycle.transition(
+        for unclaimed in job.attempts.filter(state=AttemptState.SCHEDULED).values_list(
+            "pk", flat=True
+        ):
+            end_attempt(
+                unclaimed,
+                from_states=[AttemptState.SCHEDULED],
+                exit_class=ExitClass.KILLED,
+                error_message="never started: the job's credit hold expired",
+            )
+        outcomes.end_job(
             job.pk,
             to=JobStatus.FAILED,
             reason=f"its credit hold was {hold_state} before the job finished",
@@ -176,5 +169,4 @@ def close_stranded_hold(job_id) -> bool:
                 "error_message": "The job's credit hold expired before it could finish.",
             },
         )
-        wake_dispatcher()
         return True

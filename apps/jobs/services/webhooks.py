@@ -34,14 +34,23 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urlsplit
 
+from celery import current_app
 from django.conf import settings
+from django.utils import timezone
 
 from apps.core.errors import GantryError
+from apps.core.redis import redis_client
+from apps.jobs import selectors
 from apps.jobs.models import Job
+from apps.jobs.serializers import job_body
+from apps.jobs.services.lifecycle import record_event
 
 logger = logging.getLogger(__name__)
+
+DELIVER_TASK = "gantry.jobs.deliver_webhook"
 
 SIGNATURE_HEADER = "X-Gantry-Signature"
 SIGNATURE_TOLERANCE_S = 300
@@ -217,9 +226,6 @@ def deliver_job_webhook(job_id, *, try_number: int) -> DeliveryOutcome:
     (connection error, timeout, non-2xx) asks for a retry after exponential backoff
     until GANTRY_WEBHOOK_MAX_TRIES, then gives up.
     """
-    from apps.jobs.serializers import job_body
-    from apps.jobs.services.lifecycle import record_event
-
     job = Job.objects.select_related("hold").filter(pk=job_id).first()
     if job is None or not job.webhook_url or not job.is_terminal:
         return DeliveryOutcome(delivered=False, retry_in=None, detail="nothing to deliver")
@@ -276,10 +282,9 @@ def deliver_job_webhook(job_id, *, try_number: int) -> DeliveryOutcome:
 def enqueue_delivery(job_id) -> None:
     """Publish the delivery task now (call from on_commit). Never raises: a lost publish
     is picked up by the periodic redelivery sweep."""
-    from apps.jobs.tasks import deliver_webhook
-
     try:
-        deliver_webhook.apply_async(args=[str(job_id)], queue="control")
+        # By name: the task module (apps/jobs/tasks.py) calls this one, not the reverse.
+        current_app.send_task(DELIVER_TASK, args=[str(job_id)], queue="control")
     except Exception as exc:  # broker down: the sweep redelivers later
         logger.warning("webhook delivery not queued: %s", exc, extra={"job_id": job_id})
 
@@ -290,12 +295,6 @@ def redeliver_stranded(*, limit: int = 500) -> int:
     Covers a publish lost while the broker was down. Only jobs finished longer ago than
     the whole retry schedule are considered, so this never overlaps live retries.
     """
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from apps.jobs import selectors
-
     span = sum(
         min(
             settings.GANTRY_WEBHOOK_BACKOFF_MAX_S,
@@ -311,8 +310,6 @@ def redeliver_stranded(*, limit: int = 500) -> int:
         finished_before=now - timedelta(seconds=span + 600),
         limit=limit,
     )
-    from apps.jobs.services.admission import redis_client
-
     client = redis_client()
     queued = 0
     for job_id in job_ids:

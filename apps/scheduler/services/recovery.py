@@ -1,10 +1,9 @@
-"""Giving GPUs back and putting jobs back in the queue; recovering lost run messages.
+"""Putting jobs back in the queue; recovering lost run messages.
 
-For the runner (apps/jobs/worker_tasks.py) and the recovery beat task:
+For the recovery beat task:
 
-- `release_attempt_gpus(attempt_id=...)`: the attempt has left its GPUs.
-- `requeue_attempt(attempt_id=..., ...)`: finish the attempt, release its GPUs and move
-  the job back to queued (a preempted job after its checkpoint, a lost lease, ...).
+- `requeue_attempt(attempt_id=..., ...)`: end the attempt (attempts.end_attempt, which
+  releases its GPUs) and move the job back to queued (outcomes.requeue_job).
 - `republish_unclaimed_attempts()`: placed attempts whose worker has not claimed them:
   re-send the run message, or requeue the job once the claim lease has run out.
 
@@ -23,32 +22,25 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
-from apps.core.wakeup import wake_dispatcher
-from apps.jobs.models import Attempt, AttemptState, ExitClass, GpuAssignment, Job, JobStatus
-from apps.jobs.services.lifecycle import transition
+from apps.jobs.models import (
+    UNFINISHED_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    ExitClass,
+    Job,
+    JobStatus,
+)
+from apps.jobs.services.attempts import end_attempt, release_gpus
+from apps.jobs.services.outcomes import requeue_job
 from apps.scheduler.services import metrics
 from apps.scheduler.services.dispatch import ACTOR, publish_run_attempt
 from apps.scheduler.services.usage import record_attempt_usage
 
 logger = logging.getLogger(__name__)
 
-LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
 REQUEUABLE_JOB_STATUSES = (JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.PREEMPTING)
 # Unclaimed attempts handled per recovery run (the rest wait for the next run).
 BATCH = 500
-
-
-def release_attempt_gpus(*, attempt_id) -> int:
-    """Mark every live GPU assignment of the attempt released (at DB now()).
-
-    Returns how many were released (0 the second time). The freed GPUs are offered by
-    the next dispatch tick, which is woken when this transaction commits."""
-    released = GpuAssignment.objects.filter(attempt_id=attempt_id, released_at__isnull=True).update(
-        released_at=Now()
-    )
-    if released:
-        wake_dispatcher()
-    return released
 
 
 def requeue_attempt(
@@ -57,7 +49,7 @@ def requeue_attempt(
     reason: str,
     actor: str,
     exit_class: str = ExitClass.LOST,
-    from_attempt_states: Iterable[str] = LIVE_ATTEMPT_STATES,
+    from_attempt_states: Iterable[str] = UNFINISHED_ATTEMPT_STATES,
     only_from: Iterable[str] = REQUEUABLE_JOB_STATUSES,
     lease_expired_only: bool = False,
     job_changes: dict | None = None,
@@ -79,23 +71,18 @@ def requeue_attempt(
         return False
     with transaction.atomic():
         job = Job.objects.select_for_update().only("id", "status").get(pk=job_id)
-        guard = {"pk": attempt_id, "state__in": list(from_attempt_states)}
-        if lease_expired_only:
-            guard["lease_expires_at__lte"] = Now()
-        finished = Attempt.objects.filter(**guard).update(
-            state=AttemptState.FINISHED,
+        if not end_attempt(
+            attempt_id,
+            from_states=from_attempt_states,
+            lease_expired=lease_expired_only,
             exit_class=exit_class,
-            error_message=reason[:2000],
-            finished_at=Now(),
-        )
-        if finished != 1:
+            error_message=reason,
+        ):
             return False
-        release_attempt_gpus(attempt_id=attempt_id)
         if job.status in set(only_from):
             attempt = Attempt.objects.get(pk=attempt_id)
-            transition(
+            requeue_job(
                 job.pk,
-                to=JobStatus.QUEUED,
                 only_from=only_from,
                 reason=reason,
                 actor=actor,
@@ -159,11 +146,7 @@ def republish_unclaimed_attempts() -> RecoveryResult:
         publish_run_attempt(attempt_id=attempt_id, fencing_token=token, node_name=node_name)
         for attempt_id, token, node_name in stale
     )
-    orphans = GpuAssignment.objects.filter(
-        released_at__isnull=True, attempt__state=AttemptState.FINISHED
-    ).update(released_at=Now())
-    if orphans:
-        wake_dispatcher()
+    orphans = release_gpus(of_attempts=Attempt.objects.filter(state=AttemptState.FINISHED))
     metrics.RECOVERED.labels("republished").inc(republished)
     metrics.RECOVERED.labels("requeued").inc(requeued)
     if republished or requeued or orphans:

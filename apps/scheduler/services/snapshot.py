@@ -35,6 +35,7 @@ from django.db import connection, transaction
 from apps.accounts.models import Org
 from apps.fleet.models import Gpu, GpuType, Node
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobStatus
+from apps.jobs.selectors import nodes_to_avoid
 from apps.scheduler.models import NodeClaim, UsageScope
 from apps.scheduler.policy import (
     ClusterSnapshot,
@@ -314,8 +315,6 @@ def _queued(config: PolicyConfig) -> list[QueuedJob]:
 
 def _mark_nodes_to_avoid(queued: list[QueuedJob], retried: list[str]) -> None:
     """Give each retried job the nodes where its earlier attempts failed."""
-    from apps.jobs.services.runner import nodes_to_avoid
-
     if not retried:
         return
     avoid = nodes_to_avoid(retried)
