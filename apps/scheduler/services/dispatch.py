@@ -25,43 +25,38 @@ from datetime import timedelta
 
 from celery import current_app
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from apps.core import locks
 from apps.core.logging import job_log_context
-from apps.fleet.models import Gpu, Node, NodeState, node_queue
+from apps.fleet.models import Gpu, NodeState, node_queue
 from apps.jobs.models import Attempt, GpuAssignment, Job, JobStatus
-from apps.jobs.services.lifecycle import IllegalTransition, transition
+from apps.jobs.services.lifecycle import transition
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
 from apps.scheduler.policy import TIERS, Decision, Place, Preempt, Reserve, schedule
 from apps.scheduler.services import metrics
+from apps.scheduler.services.decisions import (
+    ACTOR,
+    SKIPPED_ON,
+    AppliedDecision,
+    Refused,
+    claim_node,
+    node_for_share,
+    record_skipped,
+    skip_reason,
+)
+from apps.scheduler.services.preemption import apply_preemption
 from apps.scheduler.services.snapshot import build_snapshot
 from apps.scheduler.services.usage import fold_ended_attempts
 
 logger = logging.getLogger(__name__)
 
 RUN_ATTEMPT_TASK = "gantry.jobs.run_attempt"
-ACTOR = "scheduler"
 # pg advisory lock key of the dispatcher: the bytes of "gantry:d" as a signed bigint.
 DISPATCH_LOCK_KEY = int.from_bytes(b"gantry:d", "big", signed=True)
 FENCING_SEQUENCE = "scheduler_fencing_token_seq"
-
-
-class Refused(Exception):
-    """A decision's guard failed: the world changed since the snapshot."""
-
-
-@dataclass(frozen=True)
-class AppliedDecision:
-    kind: str
-    outcome: str
-    job_id: object
-    node: str
-    attempt_id: object = None
-    fencing_token: int | None = None
-    skip_reason: str = ""
 
 
 @dataclass
@@ -157,8 +152,6 @@ def apply_decisions(decisions: list[Decision], *, tick: uuid.UUID) -> list[Appli
             if isinstance(decision, Place):
                 outcome = apply_placement(decision, tick=tick)
             elif isinstance(decision, Preempt):
-                from apps.scheduler.services.preemption import apply_preemption
-
                 outcome = apply_preemption(decision, tick=tick)
             elif isinstance(decision, Reserve):
                 outcome = apply_reservation(decision, tick=tick)
@@ -182,7 +175,7 @@ def apply_placement(decision: Place, *, tick: uuid.UUID) -> AppliedDecision:
         with transaction.atomic():
             attempt = _place(decision, tick=tick)
     except SKIPPED_ON as exc:
-        return _skipped(decision, tick=tick, why=skip_reason(exc))
+        return record_skipped(decision, tick=tick, why=skip_reason(exc))
     return AppliedDecision(
         kind=DecisionKind.PLACE,
         outcome=DecisionOutcome.APPLIED,
@@ -203,7 +196,7 @@ def _place(decision: Place, *, tick: uuid.UUID) -> Attempt:
         raise Refused(f"job {job.id} is {job.status}, no longer queued")
     if len(decision.gpu_ids) != job.gpu_count:
         raise Refused(f"job {job.id} needs {job.gpu_count} GPUs, got {len(decision.gpu_ids)}")
-    node_id, node_state = _node_for_share(decision.node)
+    node_id, node_state = node_for_share(decision.node)
     if node_state != NodeState.ACTIVE:
         raise Refused(f"node {decision.node} is {node_state}")
     gpus = list(
@@ -304,7 +297,7 @@ def apply_reservation(decision: Reserve, *, tick: uuid.UUID) -> AppliedDecision:
             job = Job.objects.select_for_update().only("id", "status").get(pk=decision.job_id)
             if job.status != JobStatus.QUEUED:
                 raise Refused(f"job {job.id} is {job.status}, no longer queued")
-            node_id, node_state = _node_for_share(decision.node)
+            node_id, node_state = node_for_share(decision.node)
             if node_state != NodeState.ACTIVE:
                 raise Refused(f"node {decision.node} is {node_state}")
             current = NodeClaim.objects.filter(job_id=job.id).values_list("node_id", flat=True)
@@ -320,19 +313,13 @@ def apply_reservation(decision: Reserve, *, tick: uuid.UUID) -> AppliedDecision:
                 )
                 claim_node(job_id=job.id, node_id=node_id, kind=DecisionKind.RESERVE, record=record)
     except SKIPPED_ON as exc:
-        return _skipped(decision, tick=tick, why=skip_reason(exc))
+        return record_skipped(decision, tick=tick, why=skip_reason(exc))
     return AppliedDecision(
         kind=DecisionKind.RESERVE,
         outcome=DecisionOutcome.APPLIED,
         job_id=decision.job_id,
         node=decision.node,
     )
-
-
-def claim_node(*, job_id, node_id: int, kind: str, record: DispatchDecision) -> NodeClaim:
-    """Make `node_id` the job's claimed node (replacing any earlier claim, fresh TTL)."""
-    NodeClaim.objects.filter(job_id=job_id).delete()
-    return NodeClaim.objects.create(job_id=job_id, node_id=node_id, kind=kind, decision=record)
 
 
 def publish_run_attempt(*, attempt_id, fencing_token: int, node_name: str) -> bool:
@@ -359,69 +346,3 @@ def drop_stale_claims() -> int:
         ~Q(job__status=JobStatus.QUEUED) | Q(created_at__lt=Now() - ttl)
     ).delete()
     return deleted
-
-
-def _node_for_share(name: str) -> tuple[int, str]:
-    """Lock the node row FOR SHARE (a drain or removal waits for us, and we for it)."""
-    table = Node._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id, state FROM {table} WHERE name = %s FOR SHARE",  # noqa: S608
-            [name],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        raise Refused(f"node {name} no longer exists")
-    return row[0], row[1]
-
-
-# What makes a decision's guarded transaction give up: the decision is recorded as
-# skipped with skip_reason(exc), and the next tick decides afresh.
-SKIPPED_ON = (Refused, IllegalTransition, Job.DoesNotExist, IntegrityError, OperationalError)
-
-
-def skip_reason(exc: Exception) -> str:
-    """Why a decision was skipped, from what its transaction raised (SKIPPED_ON)."""
-    if isinstance(exc, Job.DoesNotExist):
-        return "the job no longer exists"
-    if isinstance(exc, OperationalError):  # a deadlock or lock timeout: retried next tick
-        return f"database: {str(exc).splitlines()[0][:200]}"
-    if isinstance(exc, IntegrityError):
-        text = str(exc)
-        if "gpu_one_live_assignment" in text:
-            return "a GPU of the decision was already assigned to another attempt"
-        if "attempt_one_live_per_job" in text:
-            return "the job already has a live attempt"
-        return f"refused by the database: {text.splitlines()[0][:200]}"
-    return str(exc)
-
-
-def _skipped(decision: Decision, *, tick: uuid.UUID, why: str) -> AppliedDecision:
-    """Record a refused decision (its own transaction) and say so."""
-    if isinstance(decision, Preempt):
-        kind, job_id = DecisionKind.PREEMPT, decision.for_job_id
-    else:
-        kind = DecisionKind.PLACE if isinstance(decision, Place) else DecisionKind.RESERVE
-        job_id = decision.job_id
-    try:
-        with transaction.atomic():
-            DispatchDecision.objects.create(
-                tick=tick,
-                kind=kind,
-                outcome=DecisionOutcome.SKIPPED,
-                job_id=job_id,
-                node_name=decision.node,
-                gpu_type=getattr(decision, "gpu_type", ""),
-                victims=list(getattr(decision, "job_ids", ())),
-                reason=decision.reason,
-                skip_reason=why,
-            )
-    except IntegrityError:  # the job itself vanished: nothing to attach the record to
-        logger.info("skipped %s for missing job %s: %s", kind, job_id, why)
-    return AppliedDecision(
-        kind=kind,
-        outcome=DecisionOutcome.SKIPPED,
-        job_id=job_id,
-        node=decision.node,
-        skip_reason=why,
-    )

@@ -2,8 +2,9 @@
 
 Nothing is published: each victim job goes running → preempting, which its runner sees
 on its next heartbeat; the runner sends SIGTERM, gives the generator the grace period to
-checkpoint, finishes the attempt, releases its GPUs and moves the job preempting →
-queued (services.recovery.requeue_attempt does all three). Only then are the GPUs free
+checkpoint, then jobs.services.attempts.finish_attempt ends the attempt, releases its
+GPUs and moves the job preempting → queued (a runner that is gone has its lease reaped
+by services.recovery.requeue_attempt, which does the same). Only then are the GPUs free
 in the next snapshot, where the waiting job's NodeClaim (the policy's
 `claimed_node`) makes sure it is the one placed there.
 """
@@ -20,14 +21,14 @@ from apps.jobs.services.lifecycle import transition
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision
 from apps.scheduler.policy import Preempt
 from apps.scheduler.services import metrics
-from apps.scheduler.services.dispatch import (
+from apps.scheduler.services.decisions import (
     ACTOR,
     SKIPPED_ON,
     AppliedDecision,
     Refused,
-    _node_for_share,
-    _skipped,
     claim_node,
+    node_for_share,
+    record_skipped,
     skip_reason,
 )
 
@@ -44,7 +45,7 @@ def apply_preemption(decision: Preempt, *, tick: uuid.UUID) -> AppliedDecision:
         with transaction.atomic():
             _preempt(decision, tick=tick)
     except SKIPPED_ON as exc:
-        return _skipped(decision, tick=tick, why=skip_reason(exc))
+        return record_skipped(decision, tick=tick, why=skip_reason(exc))
     return AppliedDecision(
         kind=DecisionKind.PREEMPT,
         outcome=DecisionOutcome.APPLIED,
@@ -69,7 +70,7 @@ def _preempt(decision: Preempt, *, tick: uuid.UUID) -> None:
     waiting = locked.get(for_job)
     if waiting is None or waiting.status != JobStatus.QUEUED:
         raise Refused(f"job {for_job} is no longer queued")
-    node_id, node_state = _node_for_share(decision.node)
+    node_id, node_state = node_for_share(decision.node)
     if node_state != NodeState.ACTIVE:
         raise Refused(f"node {decision.node} is {node_state}")
     attempts = {

@@ -33,7 +33,8 @@ from apps.jobs.models import (
 from apps.jobs.services.attempts import end_attempt, release_gpus
 from apps.jobs.services.outcomes import requeue_job
 from apps.scheduler.services import metrics
-from apps.scheduler.services.dispatch import ACTOR, publish_run_attempt
+from apps.scheduler.services.decisions import ACTOR
+from apps.scheduler.services.dispatch import publish_run_attempt
 from apps.scheduler.services.usage import record_attempt_usage
 
 logger = logging.getLogger(__name__)
