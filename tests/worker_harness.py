@@ -311,7 +311,8 @@ class Beat:
 
 def submit_job(org, *, prompt: str, steps: int = 5, step_seconds: float = 0.05, **spec):
     """Submit through the jobs service (validation, hold, queued event) like the API does."""
-    from apps.jobs.services.submission import JobSpec, submit_job
+    from apps.jobs.services.spec import JobSpec
+    from apps.jobs.services.submission import submit_job
 
     project = org.projects.first()
     if project is None:

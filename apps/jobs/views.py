@@ -28,9 +28,8 @@ from apps.jobs.serializers import (
     WebhookSecretSerializer,
     job_body,
 )
-from apps.jobs.services import admission, results, submission, webhooks
+from apps.jobs.services import results, submission, webhooks
 from apps.jobs.services.cancel import cancel_job
-from apps.jobs.validation import validate_submit_body
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     "Idempotency-Key",
@@ -99,30 +98,8 @@ class JobListView(GenericAPIView):
     def post(self, request):
         principal = _org_principal(request)
         key = _idempotency_key(request)
-        org = principal.org
-        admission.admit(org)
-        data = validate_submit_body(request.data)
-        resources = data.get("resources") or {}
-        spec = submission.JobSpec(
-            params=data["params"],
-            max_runtime_s=data["max_runtime_s"],
-            gpu_count=resources.get("gpu_count", 1),
-            gpu_types=tuple(dict.fromkeys(resources.get("gpu_types") or ())),
-            min_gpu_memory_gb=resources.get("min_gpu_memory_gb", 0),
-            preemptible=data["preemptible"],
-            webhook_url=data.get("webhook_url", ""),
-        )
-        project = submission.resolve_project(
-            org, data.get("project"), key_project=principal.api_key.project
-        )
-        result = submission.submit_job(
-            org=org,
-            project=project,
-            user=principal.api_key.user,
-            spec=spec,
-            idempotency_key=key,
-            request_digest=submission.request_digest_of(request.data),
-            actor=f"api:{principal.api_key.prefix}",
+        result = submission.submit_api_request(
+            api_key=principal.api_key, body=request.data, idempotency_key=key
         )
         response = Response(job_body(result.job), status=status.HTTP_202_ACCEPTED)
         if result.replayed:

@@ -17,7 +17,7 @@ from apps.jobs.models import (
     JobEvent,
     JobStatus,
 )
-from apps.jobs.services.submission import JobSpec, fingerprint_of
+from apps.jobs.services.spec import JobSpec, fingerprint_of
 from tests.factories import OrgFactory, ProjectFactory
 from tests.fleet.factories import A100_PRICE as A100_PRICE  # re-exported for the jobs tests
 from tests.fleet.factories import H100_PRICE as H100_PRICE

@@ -11,7 +11,7 @@ from django.test import override_settings
 from apps.accounts.models import Tier
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
-from apps.jobs.services.submission import JobSpec, fingerprint_of
+from apps.jobs.services.spec import JobSpec, fingerprint_of
 from apps.ledger.models import Hold
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, UserFactory, org_key

@@ -13,7 +13,8 @@ from apps.accounts.operator_actions import record_operator_action
 from apps.accounts.services import issue_api_key
 from apps.fleet.models import Node
 from apps.jobs.models import Job, QuarantinedFingerprint
-from apps.jobs.services.submission import JobSpec, submit_job
+from apps.jobs.services.spec import JobSpec
+from apps.jobs.services.submission import submit_job
 from apps.ledger import services as ledger
 from apps.ledger.models import LedgerAuditEvent
 from apps.scheduler.models import DispatchDecision, NodeClaim, UsageAccount

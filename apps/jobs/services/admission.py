@@ -22,17 +22,20 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass
 
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from apps.accounts.models import Org, Tier
 from apps.core import locks
-from apps.core.errors import RateLimited
+from apps.core.errors import GantryError, RateLimited
 from apps.core.redis import redis_client
+from apps.core.sql import execute
 from apps.jobs import metrics, selectors
+from apps.jobs.models import JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -226,3 +229,63 @@ def check_queue_quota(org: Org, *, queued: int | None = None) -> None:
             code="quota_exceeded",
             retry_after=settings.GANTRY_QUOTA_RETRY_AFTER_S,
         )
+
+
+class Quarantined(GantryError):
+    status_code = 422
+    code = "quarantined"
+
+
+def quarantine_error() -> Quarantined:
+    return Quarantined(
+        "params: these params and resources are quarantined: they crashed or hung on "
+        "several nodes. Change them, or ask an operator to clear the quarantine.",
+        field="params",
+    )
+
+
+@dataclass(frozen=True)
+class AdmissionSnapshot:
+    existing_job_id: uuid.UUID | None
+    quarantined: bool
+    queued: int
+
+
+# The submission hot path reads what admission needs in one round trip (after the
+# idempotency lock, so a job committed by the lock's previous holder is visible).
+_LOCK_SQL = f"SELECT {locks.xact_lock_sql('%(lock)s')}"
+_SNAPSHOT_SQL = """
+SELECT
+    (SELECT id FROM jobs_job WHERE org_id = %(org)s AND idempotency_key = %(key)s),
+    EXISTS (SELECT 1 FROM jobs_quarantinedfingerprint WHERE fingerprint = %(fp)s),
+    (SELECT count(*) FROM (
+        SELECT FROM jobs_job WHERE org_id = %(org)s AND status = %(queued)s LIMIT %(up_to)s
+    ) AS queued)
+"""
+
+
+def lock_and_read(org_id, key: str, fingerprint: str, *, up_to: int) -> AdmissionSnapshot:
+    """Take the (org, Idempotency-Key) lock for this transaction, then read the snapshot.
+
+    The org's queued jobs are counted up to `up_to` (its queue quota): what the quota
+    check needs, at a cost that does not grow with a long queue."""
+    # Two prepared statements, one round trip (a pipeline): in READ COMMITTED each
+    # statement takes its own snapshot, so the read runs after the lock is granted and
+    # sees what the lock's previous holder committed.
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    with db.connection.pipeline():
+        execute(db.connection, _LOCK_SQL, {"lock": f"job-submit|{org_id}|{key}"})
+        cursor = execute(
+            db.connection,
+            _SNAPSHOT_SQL,
+            {
+                "org": org_id,
+                "key": key,
+                "fp": fingerprint,
+                "queued": JobStatus.QUEUED.value,
+                "up_to": up_to,
+            },
+        )
+    existing, quarantined, queued = cursor.fetchone()
+    return AdmissionSnapshot(existing, quarantined, queued)

@@ -1,7 +1,7 @@
 """Job submission: validate the spec, hold credit, create the queued job, all or nothing.
 
-Admission runs in this order (the view does the first two, Redis-side):
-auth → rate limit / overload (services.admission) → validation → [one transaction:
+Admission runs in this order (submit_api_request from the API, after the view's auth):
+rate limit / overload (services.admission, Redis-side) → validation → [one transaction:
 idempotency lock and replay → quarantine (422) → dedup → queue quota → credit hold
 (ledger.reserve) → Job(queued) + JobEvent] → on commit: wake the dispatcher.
 
@@ -20,52 +20,36 @@ with the same key.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
-import json
-import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models.expressions import DatabaseDefault
+from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from apps.accounts.models import Org, Project, User
-from apps.core import locks
-from apps.core.errors import Conflict, GantryError
-from apps.core.sql import execute, execute_last
-from apps.fleet import selectors as fleet
+from apps.accounts import selectors as accounts
+from apps.accounts.models import APIKey, Org, Project, User
+from apps.core.errors import Conflict
+from apps.core.logging import current_request_id
+from apps.core.sql import insert_rows
+from apps.core.wakeup import wake_dispatcher
 from apps.fleet.selectors import GpuTypeInfo
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus
-from apps.jobs.services import admission, webhooks
-from apps.jobs.validation import MAX_GPU_COUNT
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What a tenant asks for (validated by validate_spec)."""
-
-    params: dict
-    max_runtime_s: int
-    gpu_count: int = 1
-    gpu_types: tuple[str, ...] = ()
-    min_gpu_memory_gb: int = 0
-    preemptible: bool = True
-    webhook_url: str = ""
-
-    @property
-    def resources(self) -> dict:
-        return {
-            "gpu_count": self.gpu_count,
-            "gpu_types": list(self.gpu_types),
-            "min_gpu_memory_gb": self.min_gpu_memory_gb,
-        }
+from apps.jobs.services import admission, lifecycle, webhooks
+from apps.jobs.services.spec import (
+    JobSpec,
+    fingerprint_of,
+    hold_amount,
+    request_digest_of,
+    spec_of,
+    validate_spec,
+)
+from apps.jobs.validation import validate_submit_body
+from apps.ledger import services as ledger
 
 
 @dataclass(frozen=True)
@@ -76,223 +60,38 @@ class Submission:
     allowed_types: list[GpuTypeInfo] = field(default_factory=list)
 
 
-class Quarantined(GantryError):
-    status_code = 422
-    code = "quarantined"
-
-
-def canonical_json(value) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def fingerprint_of(spec: JobSpec) -> str:
-    """sha256 of the canonical params + resources: what dedup and quarantine match on."""
-    document = canonical_json({"params": spec.params, "resources": spec.resources})
-    return hashlib.sha256(document.encode()).hexdigest()
-
-
-def request_digest_of(body) -> str:
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
-
-
-def spec_of(job: Job) -> JobSpec:
-    """The spec a job was submitted with (for a requeued copy)."""
-    return JobSpec(
-        params=job.params,
-        max_runtime_s=job.max_runtime_s,
-        gpu_count=job.gpu_count,
-        gpu_types=tuple(job.gpu_types),
-        min_gpu_memory_gb=job.min_gpu_memory_gb,
-        preemptible=job.preemptible,
-        webhook_url=job.webhook_url,
-    )
-
-
-def allowed_gpu_types(spec: JobSpec) -> list[GpuTypeInfo]:
-    """The GPU types the job may run on (listed ones, or all), that meet its memory floor.
-
-    Raises a 400 naming `resources.gpu_types` for an unknown type and
-    `resources.min_gpu_memory_gb` when no allowed type has that much memory.
-    """
-    types = fleet.gpu_types()
-    if any(name not in types for name in spec.gpu_types):
-        types = fleet.gpu_types(refresh=True)  # a type added since the cache filled
-    unknown = [name for name in spec.gpu_types if name not in types]
-    if unknown:
-        raise GantryError(
-            f"resources.gpu_types: unknown GPU type {unknown[0]!r}; "
-            f"known: {', '.join(sorted(types)) or 'none'}.",
-            code="invalid",
-            field="resources.gpu_types",
-        )
-    candidates = [types[name] for name in spec.gpu_types] if spec.gpu_types else types.values()
-    allowed = [t for t in candidates if t.memory_gb >= spec.min_gpu_memory_gb]
-    if not allowed:
-        best = max((t.memory_gb for t in candidates), default=0)
-        raise GantryError(
-            f"resources.min_gpu_memory_gb: no allowed GPU type has {spec.min_gpu_memory_gb} GB "
-            f"(the most is {best} GB).",
-            code="invalid",
-            field="resources.min_gpu_memory_gb",
-        )
-    return allowed
-
-
-def validate_spec(spec: JobSpec, *, tier: str) -> list[GpuTypeInfo]:
-    """Check everything about the spec that does not need a lock; the allowed GPU types.
-
-    Every refusal is a 400 naming the field.
-    """
-    if not isinstance(spec.params, dict):
-        raise GantryError("params: expected an object.", code="invalid", field="params")
-    size = len(canonical_json(spec.params).encode())
-    if size > settings.GANTRY_MAX_PARAMS_BYTES:
-        raise GantryError(
-            f"params: {size} bytes is more than the {settings.GANTRY_MAX_PARAMS_BYTES} allowed.",
-            code="invalid",
-            field="params",
-        )
-    if not 1 <= spec.gpu_count <= MAX_GPU_COUNT:
-        raise GantryError(
-            f"resources.gpu_count: must be between 1 and {MAX_GPU_COUNT}.",
-            code="invalid",
-            field="resources.gpu_count",
-        )
-    limits = settings.GANTRY_TIER_RUNTIME_LIMITS[tier]
-    low, high = limits["min_runtime_s"], limits["max_runtime_s"]
-    if not low <= spec.max_runtime_s <= high:
-        raise GantryError(
-            f"max_runtime_s: the {tier} tier allows {low} to {high} seconds.",
-            code="invalid",
-            field="max_runtime_s",
-        )
-    allowed = allowed_gpu_types(spec)
-    if spec.webhook_url:
-        webhooks.check_target(spec.webhook_url)
-    return allowed
-
-
-def hold_amount(spec: JobSpec, allowed: list[GpuTypeInfo]) -> int:
-    """Micro-credits to hold: the whole runtime on the priciest allowed type, rounded up."""
-    price = max(t.price_per_gpu_hour for t in allowed)
-    return max(1, math.ceil(spec.max_runtime_s * spec.gpu_count * price / 3600))
-
-
-def resolve_project(org: Org, ref, *, key_project: Project | None = None) -> Project:
-    """The org's project named by id or name; a key narrowed to a project may only use it.
-
-    Unknown (or another org's) project: 400 naming `project`. Another project than the
-    key's: 403.
-    """
-    if ref in (None, ""):
-        if key_project is not None:
-            return key_project
-        raise GantryError("project: this field is required.", code="invalid", field="project")
-    ref = str(ref)
-    if key_project is not None and ref in (str(key_project.id), key_project.name):
-        return key_project
-    project = _find_project(org, ref)
-    if project is None:
-        raise GantryError(
-            f"project: no project {ref!r} in this org.", code="invalid", field="project"
-        )
-    if key_project is not None and project.id != key_project.id:
-        raise GantryError(
-            "project: this API key may only submit to its own project.",
-            code="forbidden",
-            field="project",
-            status_code=403,
-        )
-    return project
-
-
-_PROJECT_SQL = """
-SELECT id, org_id, name, created_at FROM accounts_project
-WHERE org_id = %(org)s AND (id = %(id)s OR name = %(name)s)
-ORDER BY id = %(id)s DESC NULLS LAST
-LIMIT 1
-"""
-
-
-def _find_project(org: Org, ref: str) -> Project | None:
-    """The org's project with this id (preferred) or name, in one plain query (hot path);
-    its row is remembered a few seconds by this process (the API never deletes one)."""
-    from apps.accounts.caches import project_memo
-
-    row = project_memo.get((org.id, ref))
-    if row is None:
-        project_id = None
-        with contextlib.suppress(ValueError):
-            project_id = uuid.UUID(ref)
-        with connection.cursor() as cursor:
-            cursor.execute(_PROJECT_SQL, {"org": org.id, "id": project_id, "name": ref})
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        project_memo.put((org.id, ref), row)
-    project = Project.from_db("default", ["id", "org_id", "name", "created_at"], row)
-    project.org = org
-    return project
-
-
-def quarantine_error() -> Quarantined:
-    return Quarantined(
-        "params: these params and resources are quarantined: they crashed or hung on "
-        "several nodes. Change them, or ask an operator to clear the quarantine.",
-        field="params",
-    )
-
-
-@dataclass(frozen=True)
-class _AdmissionSnapshot:
-    existing_job_id: uuid.UUID | None
-    quarantined: bool
-    queued: int
-
-
-# The submission hot path reads what admission needs in one round trip (after the
-# idempotency lock, so a job committed by the lock's previous holder is visible).
-_LOCK_SQL = f"SELECT {locks.xact_lock_sql('%(lock)s')}"
-_SNAPSHOT_SQL = """
-SELECT
-    (SELECT id FROM jobs_job WHERE org_id = %(org)s AND idempotency_key = %(key)s),
-    EXISTS (SELECT 1 FROM jobs_quarantinedfingerprint WHERE fingerprint = %(fp)s),
-    (SELECT count(*) FROM (
-        SELECT FROM jobs_job WHERE org_id = %(org)s AND status = %(queued)s LIMIT %(up_to)s
-    ) AS queued)
-"""
-
-
-def _lock_and_read(org_id, key: str, fingerprint: str, *, up_to: int) -> _AdmissionSnapshot:
-    """Take the (org, Idempotency-Key) lock for this transaction, then read the snapshot.
-
-    The org's queued jobs are counted up to `up_to` (its queue quota): what the quota
-    check needs, at a cost that does not grow with a long queue."""
-    # Two prepared statements, one round trip (a pipeline): in READ COMMITTED each
-    # statement takes its own snapshot, so the read runs after the lock is granted and
-    # sees what the lock's previous holder committed.
-    db = connections[DEFAULT_DB_ALIAS]
-    db.ensure_connection()
-    with db.connection.pipeline():
-        execute(db.connection, _LOCK_SQL, {"lock": f"job-submit|{org_id}|{key}"})
-        cursor = execute(
-            db.connection,
-            _SNAPSHOT_SQL,
-            {
-                "org": org_id,
-                "key": key,
-                "fp": fingerprint,
-                "queued": JobStatus.QUEUED.value,
-                "up_to": up_to,
-            },
-        )
-    existing, quarantined, queued = cursor.fetchone()
-    return _AdmissionSnapshot(existing, quarantined, queued)
-
-
 def hold_key(org_id, idempotency_key: str) -> str:
     digest = hashlib.sha256(f"{org_id}|{idempotency_key}".encode()).hexdigest()
     return f"job-submit:{digest}"
+
+
+def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submission:
+    """POST /v1/jobs for an org key: rate limits, the body checked (400 naming the
+    field), its project resolved (a key narrowed to a project submits only there), then
+    submit_job with the body's digest, so the same key and body replay the same job."""
+    org = api_key.org
+    admission.admit(org)
+    data = validate_submit_body(body)
+    resources = data.get("resources") or {}
+    spec = JobSpec(
+        params=data["params"],
+        max_runtime_s=data["max_runtime_s"],
+        gpu_count=resources.get("gpu_count", 1),
+        gpu_types=tuple(dict.fromkeys(resources.get("gpu_types") or ())),
+        min_gpu_memory_gb=resources.get("min_gpu_memory_gb", 0),
+        preemptible=data["preemptible"],
+        webhook_url=data.get("webhook_url", ""),
+    )
+    project = accounts.resolve_project(org, data.get("project"), key_project=api_key.project)
+    return submit_job(
+        org=org,
+        project=project,
+        user=api_key.user,
+        spec=spec,
+        idempotency_key=idempotency_key,
+        request_digest=request_digest_of(body),
+        actor=f"api:{api_key.prefix}",
+    )
 
 
 def submit_job(
@@ -317,15 +116,12 @@ def submit_job(
     returns a new job that is already succeeded and reuses the earlier result, with no
     hold and no charge (`deduplicated`). Rate limits are the caller's (admission.admit).
     """
-    from apps.core.wakeup import wake_dispatcher
-    from apps.ledger import services as ledger
-
     allowed = validate_spec(spec, tier=org.tier)
     fingerprint = fingerprint_of(spec)
     key = idempotency_key or f"internal:{uuid.uuid4()}"
     with transaction.atomic():
         quota = admission.org_limits(org).max_queued if enforce_quota else 0
-        snapshot = _lock_and_read(org.id, key, fingerprint, up_to=quota)
+        snapshot = admission.lock_and_read(org.id, key, fingerprint, up_to=quota)
         if snapshot.existing_job_id is not None:
             existing = Job.objects.select_related("hold").get(pk=snapshot.existing_job_id)
             if existing.request_digest != request_digest:
@@ -336,7 +132,7 @@ def submit_job(
                 )
             return Submission(job=existing, replayed=True, allowed_types=allowed)
         if snapshot.quarantined:
-            raise quarantine_error()
+            raise admission.quarantine_error()
 
         common = {
             "org": org,
@@ -397,88 +193,8 @@ def submit_job(
 def _request_of_submission() -> dict:
     """{"request_id": X-Request-Id} of the submitting request, kept with the job so that
     the log lines of its runs name it (apps.core.logging)."""
-    from apps.core.logging import current_request_id
-
     request_id = current_request_id()
     return {"request_id": request_id} if request_id else {}
-
-
-def insert_rows(*instances, last: bool = False) -> None:
-    """INSERT new model instances in one statement and one round trip.
-
-    What Model.save() would write for each concrete field (auto_now_add and Python
-    defaults applied; database defaults left to the database; Now() as the statement's
-    timestamp, like Django's), without its per-row query compilation: this is the
-    submission hot path. Plain rows only: no signals, no auto-increment primary keys
-    returned. Foreign keys among the rows are checked at commit (Django creates them
-    DEFERRABLE INITIALLY DEFERRED), so the order of the inserts does not matter.
-
-    `last`: nothing else runs in the current atomic block after this; if it is the
-    outermost block, the COMMIT is sent with the INSERT (apps.core.sql.execute_last).
-    """
-    db = connections[DEFAULT_DB_ALIAS]  # the real wrapper: the proxy costs per access
-    shape, params = [], []
-    for instance in instances:
-        kinds = []
-        for model_field in _insert_fields(type(instance)):
-            value = model_field.pre_save(instance, add=True)
-            if isinstance(value, DatabaseDefault) or (
-                value is None and model_field.primary_key and model_field.db_returning
-            ):
-                kinds.append(_DEFAULT)  # the database fills it in
-            elif isinstance(value, Now):
-                kinds.append(_NOW)
-            elif hasattr(value, "resolve_expression"):
-                raise TypeError(f"{model_field.name}: unsupported expression {value!r}")
-            else:
-                kinds.append(_VALUE)
-                params.append(model_field.get_db_prep_save(value, db))
-        shape.append((type(instance), tuple(kinds)))
-    shape = tuple(shape)
-    sql = _insert_sql.get(shape)
-    if sql is None:
-        sql = _insert_sql[shape] = _build_insert_sql(shape, db.ops.quote_name)
-    if last:
-        execute_last(db, sql, params)
-    else:
-        db.ensure_connection()
-        execute(db.connection, sql, params)
-    for instance in instances:
-        instance._state.adding = False
-        instance._state.db = db.alias
-
-
-# How insert_rows writes each column of a row.
-_VALUE, _NOW, _DEFAULT = "value", "now", "default"
-# The statement text depends only on the models and which columns are defaulted or Now():
-# built once per such shape (its columns walked and quoted once, not per submission).
-_insert_sql: dict[tuple, str] = {}
-
-
-@functools.cache
-def _insert_fields(model) -> tuple:
-    return tuple(model._meta.concrete_fields)
-
-
-def _build_insert_sql(shape: tuple, quote) -> str:
-    statements = []
-    for model, kinds in shape:
-        columns, values = [], []
-        for model_field, kind in zip(_insert_fields(model), kinds, strict=True):
-            if kind == _DEFAULT:
-                continue
-            columns.append(quote(model_field.column))
-            values.append("STATEMENT_TIMESTAMP()" if kind == _NOW else "%s")
-        table = quote(model._meta.db_table)
-        # Identifiers from model metadata (quoted); every value is a bound parameter.
-        statements.append(
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(values)})"  # noqa: S608
-        )
-    # Data-modifying CTEs: all rows in one statement of the current transaction, bound
-    # server-side and prepared.
-    *first, last = statements
-    ctes = ", ".join(f"w{i} AS ({stmt})" for i, stmt in enumerate(first))
-    return f"WITH {ctes} {last}" if ctes else last
 
 
 def _create_deduplicated(common: dict, *, source: Job, actor: str) -> Job:
@@ -523,8 +239,6 @@ def requeue_failed_job(job_id, *, actor: str) -> Job:
             code="not_dead_lettered",
             field="status",
         )
-    from apps.jobs.services.lifecycle import record_event
-
     with transaction.atomic():
         submission = submit_job(
             org=original.org,
@@ -539,7 +253,7 @@ def requeue_failed_job(job_id, *, actor: str) -> Job:
             allow_dedup=False,
         )
         if not submission.replayed:
-            record_event(
+            lifecycle.record_event(
                 original,
                 reason=f"requeued as job {submission.job.id}",
                 actor=actor,
