@@ -75,7 +75,7 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("GANTRY_DB_CONN_MAX_AGE", default
 DATABASES["default"]["ENGINE"] = "config.postgresql"
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Django turns psycopg's prepared statements off (prepare_threshold None); the ledger's
-# hot statements (server-side bound, apps.ledger.services._store.execute) are prepared
+# hot statements (server-side bound, apps.core.sql.execute) are prepared
 # once per connection, which saves re-planning their CTEs on every call. The ORM's
 # client-side-bound queries are never prepared either way.
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5

@@ -11,13 +11,9 @@ from apps.core.clock import db_now
 from apps.core.errors import Conflict, GantryError
 from apps.ledger.metrics import count
 from apps.ledger.models import Account, Bucket, BucketKind, EntryKind
-from apps.ledger.services._store import (
-    Changes,
-    LedgerTransaction,
-    check_scope,
-    ledger_setting,
-    positive_amount,
-)
+from apps.ledger.services._statements import Changes
+from apps.ledger.services._transaction import LedgerTransaction, ledger_setting
+from apps.ledger.services._validation import check_scope, positive_amount
 
 
 def grant(

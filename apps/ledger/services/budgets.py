@@ -29,14 +29,9 @@ from apps.core.clock import db_now
 from apps.core.errors import GantryError
 from apps.ledger.metrics import count
 from apps.ledger.models import Budget, BudgetMode, BudgetPeriod, Hold, HoldState
-from apps.ledger.services._store import (
-    BUDGET_EXCEEDED,
-    LANE_FALLBACK,
-    Changes,
-    budget_lock_sql,
-    check_scope,
-    non_negative,
-)
+from apps.ledger.services._statements import Changes
+from apps.ledger.services._transaction import BUDGET_EXCEEDED, LANE_FALLBACK, budget_lock_sql
+from apps.ledger.services._validation import check_scope, non_negative
 from apps.ledger.services.buckets import lane_shares, split_evenly
 
 # The budgets above a hold of (org, project, user), locked in the fixed order org →
@@ -234,7 +229,7 @@ def charge(
     `changes`.
 
     A hard budget that would go over makes the statement raise (BudgetExceeded once
-    mapped by services._store.refused): the transaction rolls back, nothing is held. A
+    mapped by services._transaction.refused): the transaction rolls back, nothing is held. A
     soft one is allowed and an alert recorded.
     """
     parts, checks = statement_parts(charge=True, guard=changes.guard, now="%(g_now)s", lanes="all")

@@ -24,14 +24,14 @@ from apps.core.errors import GantryError
 from apps.ledger.allocation import Slot, burn_key, headroom, split_capture
 from apps.ledger.metrics import count
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
-from apps.ledger.services._store import (
-    Changes,
+from apps.ledger.services._statements import Changes
+from apps.ledger.services._transaction import (
     LedgerTransaction,
     LockedHold,
     budget_lock_sql,
     ledger_setting,
-    non_negative,
 )
+from apps.ledger.services._validation import non_negative
 
 MAX_ATTEMPT_KEY = 200
 HOLD_COLUMNS = len(LockedHold.COLUMNS.split(", "))

@@ -31,7 +31,7 @@ from django.conf import settings
 
 from apps.core import locks
 from apps.ledger.metrics import FOLD_SECONDS, USAGE_REPORTS
-from apps.ledger.services._store import LedgerTransaction, ledger_setting
+from apps.ledger.services._transaction import LedgerTransaction, ledger_setting
 from apps.ledger.services.metering import UsageReport, apply_usage, lock_holds, validate_report
 
 logger = logging.getLogger(__name__)

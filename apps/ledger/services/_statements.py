@@ -1,24 +1,12 @@
-"""Shared plumbing of the ledger services: validation, the DB clock, LedgerTransaction
-and Changes.
+"""The ledger's statement compiler: everything one service call writes, in ONE statement.
 
-The hot paths (reserve, settle, meter, fold) are written for few round trips, because
-on a busy machine every round trip is a wake-up that waits for a CPU:
-
-- LedgerTransaction: a service call reads under its locks with one statement, sent
-  together with BEGIN, and writes with one statement, sent together with COMMIT
-  (psycopg pipeline mode): a settle is two round trips, a reserve (one statement that
-  draws and writes) one. Inside a caller's transaction it is a savepoint, and commits
-  with the caller.
-- Changes collects everything one call writes (entries, bucket cache deltas,
-  allocations, hold, usage-mark and budget changes) and writes it with ONE statement
-  of data-modifying CTEs. Whatever must stop the commit (a hard budget exceeded, a
-  lock that was not held) is checked inside that statement, which then raises.
-- All of a call's entries go in by one INSERT, which the database refuses unless every
-  ledger transaction in it sums to zero.
-- Lock order: holds first (by the reading statement), then buckets in id order, then
-  budget rows org → project → user. Hot rows (buckets, budgets) are locked by the write
-  statement itself where it can (settle, reserve), so they stay locked only while it
-  runs and commits, never across a round trip to the client.
+Changes collects a call's entries, bucket cache deltas, allocations, hold, usage-mark
+and budget changes and writes them with one statement of data-modifying CTEs, the last
+of the call's LedgerTransaction (services._transaction). Whatever must stop the commit
+(a hard budget exceeded, a lock that was not held) is checked inside that statement,
+which then raises. All of a call's entries go in by one INSERT, which the database
+refuses unless every ledger transaction in it sums to zero (ledger invariant 1,
+docs/architecture.md).
 """
 
 # SQL here is composed only of this package's own constant fragments; values are
@@ -29,25 +17,14 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import psycopg
-from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from psycopg.pq import TransactionStatus
 
-from apps.core.errors import BudgetExceeded, GantryError
-from apps.core.locks import xact_lock_sql
-from apps.core.sql import execute
-from apps.ledger.metrics import count_moved
+from apps.ledger.metrics import count, count_moved
 from apps.ledger.models import Account
-
-# SQLSTATEs raised by ledger_raise() (migration 0003) from inside a write statement.
-BUDGET_EXCEEDED = "GLB01"
-LOCK_NOT_HELD = "GLX01"
-LANE_FALLBACK = "GLL01"  # the lanes a reservation chose cannot serve it: try them all
+from apps.ledger.services._transaction import LOCK_NOT_HELD, LedgerTransaction, refused
 
 # How a posting to each account changes the bucket's cached columns.
 _CACHE_COLUMN = {
@@ -58,188 +35,6 @@ _CACHE_COLUMN = {
     Account.EXPIRED: ("expired", 1),
 }
 _BUCKET_COLUMNS = ("granted", "held", "consumed", "expired")
-
-
-def positive_amount(value, *, field: str = "amount") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise GantryError(
-            f"{field} must be a positive integer of micro-credits.", code="invalid", field=field
-        )
-    return value
-
-
-def non_negative(value, *, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise GantryError(f"{field} must be a non-negative integer.", code="invalid", field=field)
-    return value
-
-
-def key_or_error(value, *, field: str = "idempotency_key") -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 255:
-        raise GantryError(
-            f"{field} must be a non-empty string of at most 255 characters.",
-            code="invalid",
-            field=field,
-        )
-    return value
-
-
-def check_scope(*, org, project=None, user=None) -> None:
-    if project is not None and project.org_id != org.pk:
-        raise GantryError("The project belongs to another org.", code="invalid", field="project")
-    if user is not None and user.org_id != org.pk:
-        raise GantryError("The user belongs to another org.", code="invalid", field="user")
-
-
-class LedgerTransaction:
-    """The transaction of one service call (see the module docstring).
-
-    `query()` runs a read, `write()` the final write. Alone, the call's first statement
-    goes with BEGIN and its write with COMMIT. Inside the caller's transaction, the call
-    is a savepoint of it, opened with its first statement and released with its write
-    (the same round trips), and rolled back to on an error, leaving the caller's
-    transaction usable; nothing is committed here. `after_commit()` runs a callback once
-    the whole transaction has committed.
-    """
-
-    # One name serves: a nested call shadows it (PostgreSQL uses the newest of a name).
-    SAVEPOINT = "gantry_ledger"
-
-    def __init__(self) -> None:
-        self.db = connections[DEFAULT_DB_ALIAS]  # looked up once: the proxy is not free
-        self.pg: psycopg.Connection | None = None
-        self.owned = False  # BEGIN and COMMIT are ours
-        self.nested = False  # a savepoint of the caller's atomic block
-        self._atomic = None  # manual transaction management: Django's savepoint
-        self._begun = False
-        self._finished = False  # committed (owned) or released (nested)
-        self._hooks: list[Callable[[], None]] = []
-
-    def __enter__(self) -> LedgerTransaction:
-        self.db.ensure_connection()
-        self.pg = self.db.connection
-        if self.db.in_atomic_block:
-            self.nested = True
-        elif not self.db.get_autocommit():
-            self._atomic = transaction.atomic(using=self.db.alias)
-            self._atomic.__enter__()
-            self._begun = True
-        else:
-            self.owned = True
-        return self
-
-    def _open(self) -> None:
-        """Queue what starts this call (inside a pipeline, before its first statement)."""
-        if self._begun:
-            return
-        self._begun = True
-        self.pg.execute("BEGIN" if self.owned else f"SAVEPOINT {self.SAVEPOINT}")
-
-    def query(self, sql: str, params, *, first: tuple = ()) -> list[tuple]:
-        """A read, after the `first` (sql, params) statements, in one round trip. Each
-        statement has its own snapshot: a read after a statement that waited for a lock
-        sees what the lock's previous holder committed."""
-        if self._begun and not first:
-            return execute(self.pg, sql, params).fetchall()
-        with self.pg.pipeline():
-            self._open()
-            for statement, values in first:
-                execute(self.pg, statement, values)
-            cursor = execute(self.pg, sql, params)
-        return cursor.fetchall()
-
-    def write(self, sql: str, params, *, first: tuple = ()) -> tuple:
-        """The call's last statement, after the `first` (sql, params) statements: one
-        round trip, with the BEGIN/SAVEPOINT if nothing was sent yet and the
-        COMMIT/RELEASE.
-
-        A transaction of ours that is all in this round trip (a reservation) sends no
-        BEGIN and no COMMIT: the statements of one pipeline sync are one implicit
-        transaction, which PostgreSQL commits at the sync, or rolls back whole on an
-        error. Two statements fewer to send, parse and run."""
-        implicit = self.owned and not self._begun
-        with self.pg.pipeline():
-            if not implicit:
-                self._open()
-            for statement, values in first:
-                execute(self.pg, statement, values)
-            cursor = execute(self.pg, sql, params)
-            if self.owned and not implicit:
-                self.pg.execute("COMMIT")
-            elif self.nested:
-                self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")
-        self._begun = self._finished = True
-        return cursor.fetchone()
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        if self.owned:
-            self._hooks.append(callback)
-        else:
-            transaction.on_commit(callback)
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if self._atomic is not None:
-            return bool(self._atomic.__exit__(exc_type, exc, tb))
-        if self.pg.closed:
-            self.db.close()  # Django's wrapper did not see it break: reconnect next time
-            return False
-        if self.nested:
-            if self._begun and not self._finished:
-                if exc_type is not None:  # undo this call only
-                    self.pg.execute(f"ROLLBACK TO SAVEPOINT {self.SAVEPOINT}")
-                self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")
-            return False
-        if not self._finished and self.pg.info.transaction_status != TransactionStatus.IDLE:
-            # An error, or a call that only read (a replay): nothing to keep.
-            self.pg.execute("ROLLBACK")
-        if exc_type is None and self._finished:
-            for hook in self._hooks:
-                hook()
-        return False
-
-
-def refused(error: psycopg.Error) -> Exception:
-    """The domain error for a write statement that refused itself, else the error."""
-    if error.sqlstate == BUDGET_EXCEEDED:
-        return BudgetExceeded(error.diag.message_primary, field="amount")
-    return error
-
-
-def ledger_setting(name: str, default):
-    return getattr(settings, f"GANTRY_LEDGER_{name}", default)
-
-
-def budget_lock_sql(org_sql: str, *, shared: bool = True) -> str:
-    """SQL taking the org's budget advisory lock (see services.budgets)."""
-    return xact_lock_sql(f"'gantry.ledger.budgets:' || {org_sql}", shared=shared)
-
-
-@dataclass
-class LockedHold:
-    """A hold row read under its row lock; the services change it, Changes writes it."""
-
-    pk: uuid.UUID
-    org_id: uuid.UUID
-    project_id: uuid.UUID | None
-    user_id: uuid.UUID | None
-    job_ref: uuid.UUID | None
-    idempotency_key: str
-    amount: int
-    captured: int
-    refunded: int
-    usage: int
-    state: str
-    reason: str
-    expires_at: datetime
-    metered_at: datetime | None
-    settled_at: datetime | None
-    created_at: datetime
-    lane: int
-
-    COLUMNS = (
-        "id, org_id, project_id, user_id, job_ref, idempotency_key, amount, captured, "
-        "refunded, usage, state, reason, expires_at, metered_at, settled_at, created_at, lane"
-    )
 
 
 @dataclass
@@ -553,3 +348,19 @@ class Changes:
                                      settled_at, metered_at, expires_at, was)
                           WHERE h.id = d.id AND h.state = d.was
                          RETURNING 1)"""
+
+
+def refused_by_budget(error: psycopg.Error, *, op: str) -> Exception:
+    """The domain error for a write that refused itself (counted), else the error."""
+    mapped = refused(error)
+    if mapped is not error:
+        count(op, "budget_exceeded")
+    return mapped
+
+
+def flush(changes: Changes, tx: LedgerTransaction, *, op: str) -> None:
+    """Write the call's changes; a hard budget refusal becomes BudgetExceeded (403)."""
+    try:
+        changes.flush(tx)
+    except psycopg.Error as error:
+        raise refused_by_budget(error, op=op) from error
