@@ -1,4 +1,3 @@
-import importlib
 import logging.config
 import os
 
@@ -25,27 +24,7 @@ app.autodiscover_tasks()
 # The GPU worker pools' tasks (run, heartbeat-driven recovery) live beside the jobs app.
 app.autodiscover_tasks(["apps.jobs"], related_name="worker_tasks")
 
-# Each app declares its periodic tasks in apps/<app>/schedule.py (BEAT_SCHEDULE); the
-# worker pools' recovery tasks are in apps/jobs/worker_schedule.py.
-SCHEDULED_APPS = ("apps.ledger", "apps.jobs", "apps.scheduler")
-SCHEDULE_MODULES = (
-    *(f"{package}.schedule" for package in SCHEDULED_APPS),
-    "apps.jobs.worker_schedule",
-)
-
-
-@app.on_after_finalize.connect
-def install_beat_schedule(sender, **kwargs):
-    schedule = {}
-    for name in SCHEDULE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        schedule.update(module.BEAT_SCHEDULE)
-    sender.conf.beat_schedule = schedule
+# The periodic tasks are settings.CELERY_BEAT_SCHEDULE (read with the CELERY namespace).
 
 
 # --- Logs: JSON lines, with the request id carried from the API into the tasks ---------

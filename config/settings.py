@@ -259,3 +259,43 @@ GANTRY_DISPATCH_DECISION_RETENTION_DAYS = env.int(
 # Other knobs of apps.scheduler.policy.PolicyConfig, by name (e.g. {"max_reservations": 8});
 # how much of the queue a tick reads is queue_window_jobs / queue_depth_per_user there.
 GANTRY_POLICY = env.json("GANTRY_POLICY", default={})
+
+
+# --- Periodic tasks (Celery beat): the one schedule ------------------------------------
+# Every entry runs on the control queue and expires about when the next one is due, so a
+# beat that was down does not replay a backlog of stale runs; every task is safe to run
+# twice at once (advisory locks, row locks, guarded updates).
+_TICK_S = float(GANTRY_DISPATCH_INTERVAL_S)
+_RECOVERY_S = float(GANTRY_RECOVERY_INTERVAL_S)
+
+
+def _every(task: str, seconds: float, *, expires: float | None = None) -> dict:
+    return {
+        "task": task,
+        "schedule": seconds,
+        "options": {"queue": "control", "expires": seconds if expires is None else expires},
+    }
+
+
+CELERY_BEAT_SCHEDULE = {
+    # The dispatch tick (submissions and finishes also wake it early).
+    "scheduler-dispatch-tick": _every(
+        "gantry.scheduler.dispatch_tick", _TICK_S, expires=max(1.0, 2 * _TICK_S)
+    ),
+    # Run messages lost between placement and claim are re-sent, then requeued.
+    "scheduler-recover-unclaimed-attempts": _every(
+        "gantry.scheduler.recover_unclaimed_attempts", _RECOVERY_S
+    ),
+    "scheduler-prune-dispatch-decisions": _every(
+        "gantry.scheduler.prune_dispatch_decisions", 3600.0, expires=1800.0
+    ),
+    # Attempts whose worker died (lease run out), holds left open by a crash.
+    "jobs-reap-expired-leases": _every("gantry.jobs.reap_expired_leases", _RECOVERY_S),
+    "jobs-close-stranded-holds": _every("gantry.jobs.close_stranded_holds", 60.0),
+    "jobs-redeliver-webhooks": _every("gantry.jobs.redeliver_webhooks", 600.0, expires=300.0),
+    # The ledger: usage reports folded in, expiry, and the invariants checked.
+    "ledger-fold-usage-reports": _every("gantry.ledger.fold_usage_reports", 1.0, expires=2.0),
+    "ledger-expire-buckets": _every("gantry.ledger.expire_buckets", 15.0),
+    "ledger-expire-stale-holds": _every("gantry.ledger.expire_stale_holds", 15.0),
+    "ledger-reconcile": _every("gantry.ledger.reconcile", 60.0),
+}

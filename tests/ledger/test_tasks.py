@@ -3,13 +3,13 @@
 import threading
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
 
 from apps.core import locks
 from apps.ledger import services, tasks
 from apps.ledger.models import Bucket, Hold
-from apps.ledger.schedule import BEAT_SCHEDULE
 from config.celery import app
 from tests.factories import OrgFactory
 from tests.ledger.factories import CREDIT, BucketFactory, HoldFactory
@@ -19,11 +19,16 @@ pytestmark = pytest.mark.django_db
 
 def test_every_ledger_task_is_scheduled_with_an_expiry_and_registered():
     app.loader.import_default_modules()
+    BEAT_SCHEDULE = {
+        name: entry
+        for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
+        if entry["task"].startswith("gantry.ledger.")
+    }
     assert {entry["task"] for entry in BEAT_SCHEDULE.values()} == {
-        "ledger.fold_usage_reports",
-        "ledger.expire_buckets",
-        "ledger.expire_stale_holds",
-        "ledger.reconcile",
+        "gantry.ledger.fold_usage_reports",
+        "gantry.ledger.expire_buckets",
+        "gantry.ledger.expire_stale_holds",
+        "gantry.ledger.reconcile",
     }
     for entry in BEAT_SCHEDULE.values():
         assert entry["task"] in app.tasks
