@@ -6,16 +6,11 @@ from django.contrib.auth import get_user_model
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.ledger.models import HoldState
 from tests.factories import OrgFactory
-from tests.jobs.factories import JobFactory, funded_org, reset_job_state
+from tests.jobs.factories import JobFactory, funded_org
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
 CHANGELIST = "/admin/jobs/job/"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(db):
-    reset_job_state()
 
 
 @pytest.fixture

@@ -11,14 +11,8 @@ from apps.core import redis as core_redis
 from apps.core.errors import RateLimited
 from apps.jobs.services import admission
 from tests.factories import OrgFactory
-from tests.jobs.factories import reset_job_state
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(db):
-    reset_job_state()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
 
 def test_org_overrides_win_over_tier_defaults():

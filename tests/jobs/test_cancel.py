@@ -6,26 +6,10 @@ from apps.jobs.models import AttemptState, ExitClass, GpuAssignment, Job, JobEve
 from apps.jobs.services.outcomes import end_job, requeue_job
 from apps.ledger import services as ledger
 from apps.ledger.models import HoldState
-from tests.conftest import client_with
-from tests.factories import ProjectFactory, org_key
-from tests.jobs.factories import JobFactory, funded_org, place, reset_job_state
+from tests.factories import ProjectFactory
+from tests.jobs.factories import JobFactory, place
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(db):
-    reset_job_state()
-
-
-@pytest.fixture
-def org():
-    return funded_org()
-
-
-@pytest.fixture
-def tenant(org):
-    return client_with(org_key(org))
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
 
 def job_in(org, status, **fields):

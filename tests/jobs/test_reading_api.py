@@ -8,29 +8,9 @@ from apps.jobs.models import JobStatus
 from apps.jobs.services.outcomes import end_job
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, org_key
-from tests.jobs.factories import JobFactory, funded_org, reset_job_state, spec_body, submit
+from tests.jobs.factories import JobFactory, spec_body, submit
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(db):
-    reset_job_state()
-
-
-@pytest.fixture
-def org():
-    return funded_org()
-
-
-@pytest.fixture
-def project(org):
-    return ProjectFactory(org=org, name="video")
-
-
-@pytest.fixture
-def tenant(org):
-    return client_with(org_key(org))
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
 
 def test_get_job_answers_the_job_body(tenant, project):

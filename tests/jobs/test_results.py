@@ -9,9 +9,7 @@ from django.test import override_settings
 
 from apps.jobs.models import Job, JobStatus
 from apps.jobs.services import results
-from tests.conftest import client_with
-from tests.factories import org_key
-from tests.jobs.factories import JobFactory, funded_org, reset_job_state
+from tests.jobs.factories import JobFactory, reset_job_state
 
 pytestmark = pytest.mark.django_db
 
@@ -23,16 +21,6 @@ def _media(tmp_path, db):
     reset_job_state()
     with override_settings(MEDIA_ROOT=tmp_path / "media"):
         yield tmp_path / "media"
-
-
-@pytest.fixture
-def org():
-    return funded_org()
-
-
-@pytest.fixture
-def tenant(org):
-    return client_with(org_key(org))
 
 
 @pytest.fixture

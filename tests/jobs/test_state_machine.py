@@ -7,28 +7,15 @@ from apps.jobs.services.lifecycle import ALLOWED, IllegalTransition, transition
 from apps.jobs.services.outcomes import end_job, move_job
 from apps.jobs.services.webhooks import enqueue_delivery
 from apps.ledger.models import HoldState
-from tests.factories import OrgFactory
-from tests.jobs.factories import JobFactory, grant_credits, reset_job_state
+from tests.jobs.factories import JobFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
 ALL = [s.value for s in JobStatus]
 LEGAL = sorted((src, dst) for src, targets in ALLOWED.items() for dst in targets)
 ILLEGAL = sorted(
     (src, dst) for src in ALL for dst in ALL if dst not in ALLOWED.get(src, frozenset())
 )
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(db):
-    reset_job_state()
-
-
-@pytest.fixture
-def org():
-    org = OrgFactory()
-    grant_credits(org)
-    return org
 
 
 def test_the_table_covers_every_status():

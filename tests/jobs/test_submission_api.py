@@ -26,7 +26,7 @@ from tests.jobs.factories import (
     submit,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
 API_JOB_FIELDS = {
     "id",
@@ -47,24 +47,9 @@ API_JOB_FIELDS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state(db):
-    reset_job_state()
-
-
 @pytest.fixture
 def org():
     return funded_org(tier=Tier.PAID)
-
-
-@pytest.fixture
-def project(org):
-    return ProjectFactory(org=org, name="video")
-
-
-@pytest.fixture
-def tenant(org):
-    return client_with(org_key(org))
 
 
 def test_submission_is_accepted_queued_with_a_hold_for_the_priciest_allowed_type(

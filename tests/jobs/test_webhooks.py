@@ -27,7 +27,7 @@ from tests.factories import org_key
 from tests.jobs.factories import JobFactory, funded_org, reset_job_state
 from tests.worker_harness import worker_database_url
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_HOOKS = {
@@ -87,16 +87,6 @@ class HookServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(db):
-    reset_job_state()
-
-
-@pytest.fixture
-def org():
-    return funded_org()
 
 
 def finished_job(org, url: str, status=JobStatus.SUCCEEDED):
