@@ -113,64 +113,27 @@ def die_with_parent() -> None:
 
 
 @dataclass
-class Worker:
-    """One GPU-pool worker process (one node, `slots` concurrent runs)."""
+class Process:
+    """One process a test starts: its own process group, output to a log file, killed
+    if pytest dies (die_with_parent). Every worker and service of the tests is one."""
 
-    node: str
-    slots: int
+    name: str
+    argv: list[str]
     env: dict
     log_path: Path
     proc: subprocess.Popen | None = None
-    hostname: str = ""
 
-    def start(self, *, timeout: float = 60.0) -> Worker:
-        return self.launch().wait_ready(timeout=timeout)
-
-    def launch(self) -> Worker:
-        """Start the process without waiting for it (see wait_ready)."""
-        self.hostname = f"{self.node}@e2e-{uuid.uuid4().hex[:8]}"
-        argv = [
-            CELERY,
-            "-A",
-            "config",
-            "worker",
-            "--queues",
-            f"node.{self.node}",
-            "--pool",
-            "threads",
-            "--concurrency",
-            str(self.slots),
-            "--prefetch-multiplier",
-            "1",
-            "--hostname",
-            self.hostname,
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel",
-            "INFO",
-        ]
-        log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        log.close()
-        return self
-
-    def wait_ready(self, *, timeout: float = 60.0) -> Worker:
-        deadline = time.monotonic() + timeout
-        while f"{self.hostname} ready." not in self.log():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.node} exited:\n{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {self.node} not ready:\n{self.log()[-3000:]}")
-            time.sleep(0.05)
+    def start(self) -> Process:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         return self
 
     def log(self) -> str:
@@ -183,20 +146,120 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited:\n{self.log()[-3000:]}")
+
+    def wait_for_line(self, text: str, *, timeout: float = 60.0) -> None:
+        """Wait until the log says `text`; raise with the log if it exits or times out."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: no {text!r} yet:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+
     def kill9(self) -> None:
-        """SIGKILL the worker process alone, as a crashed node would lose it."""
+        """SIGKILL the process alone (not its group), as a crashed host would lose it."""
         if self.alive:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
-    def stop(self) -> None:
-        """Kill the worker and everything of its process group; reap it."""
+    def terminate(self) -> None:
+        """Ask the process group to stop (see stop)."""
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def stop(self, *, grace: float = 10.0) -> None:
+        """Stop the process group: SIGTERM, SIGKILL after `grace` seconds (at once for 0)."""
         if self.proc is None:
             return
+        if grace:
+            self.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+
+
+def celery_worker_argv(*, queue: str, hostname: str, pool: str, concurrency: int = 1) -> list:
+    """`celery worker` consuming one queue, with nothing that slows a test's start."""
+    return [
+        CELERY,
+        "-A",
+        "config",
+        "worker",
+        "--queues",
+        queue,
+        "--pool",
+        pool,
+        "--concurrency",
+        str(concurrency),
+        "--prefetch-multiplier",
+        "1",
+        "--hostname",
+        hostname,
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        "INFO",
+    ]
+
+
+@dataclass
+class Worker(Process):
+    """One GPU-pool worker process (one node, `slots` concurrent runs)."""
+
+    node: str = ""
+    slots: int = 1
+    hostname: str = ""
+
+    def start(self, *, timeout: float = 60.0) -> Worker:
+        return self.launch().wait_ready(timeout=timeout)
+
+    def launch(self) -> Worker:
+        """Start the process without waiting for it (see wait_ready)."""
+        self.hostname = f"{self.node}@e2e-{uuid.uuid4().hex[:8]}"
+        self.argv = celery_worker_argv(
+            queue=f"node.{self.node}",
+            hostname=self.hostname,
+            pool="threads",
+            concurrency=self.slots,
+        )
+        Process.start(self)
+        return self
+
+    def wait_ready(self, *, timeout: float = 60.0) -> Worker:
+        self.wait_for_line(f"{self.hostname} ready.", timeout=timeout)
+        return self
+
+    def stop(self, *, grace: float = 0.0) -> None:
+        """Kill the worker and everything of its process group at once; reap it."""
+        Process.stop(self, grace=grace)
+
+
+def control_worker(tmp: Path, *, extra_env: dict | None = None) -> Process:
+    """A started, ready `celery worker -Q control --pool solo` on the test database and
+    Redis (its queue emptied first: stale control messages of earlier tests are not
+    ours). The caller stops it."""
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("control")
+    hostname = f"control-test@{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "DATABASE_URL": worker_database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "GANTRY_DB_CONN_MAX_AGE": "0",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        **(extra_env or {}),
+    }
+    argv = celery_worker_argv(queue="control", hostname=hostname, pool="solo")
+    worker = Process("control worker", argv, env, tmp / f"control-{hostname}.log").start()
+    worker.wait_for_line(f"{hostname} ready.")
+    return worker
 
 
 @dataclass
@@ -219,7 +282,8 @@ class WorkerPool:
 
     def launch(self, node: str, *, slots: int = 2, extra_env: dict | None = None) -> Worker:
         env = worker_env(self.media_root, self.scratch_root, extra_env)
-        worker = Worker(node, slots, env, self.tmp / f"worker-{node}-{len(self.workers)}.log")
+        log_path = self.tmp / f"worker-{node}-{len(self.workers)}.log"
+        worker = Worker(f"worker {node}", [], env, log_path, node=node, slots=slots)
         self.workers.append(worker)
         return worker.launch()
 
@@ -282,6 +346,25 @@ class Beat:
 
     def __init__(self, *, dispatch: bool = True):
         self.dispatch = dispatch
+
+    @classmethod
+    def over(cls, pool: WorkerPool, settings_fixture, *, fleet: dict | None = None) -> Beat:
+        """A beat for a test on `pool`: the workers' settings in this process, an empty
+        test Redis and the fleet (the e2e fleet by default) loaded."""
+        apply_fast_settings(settings_fixture, pool)
+        flush_test_redis()
+        load_e2e_fleet(fleet)
+        return cls()
+
+    def drain(self, *, timeout: float, dispatch: bool = False) -> None:
+        """Tick (placing queued jobs too with `dispatch`) until every attempt has
+        finished: no run of one test is left for the next."""
+        from apps.jobs.models import Attempt, AttemptState
+
+        Beat(dispatch=dispatch).until(
+            lambda: not Attempt.objects.exclude(state=AttemptState.FINISHED).exists(),
+            timeout=timeout,
+        )
 
     def tick(self) -> None:
         from apps.jobs.services import recovery

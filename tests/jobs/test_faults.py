@@ -28,9 +28,6 @@ from tests.worker_harness import (
     E2E_FLEET,
     ROOT,
     Beat,
-    apply_fast_settings,
-    flush_test_redis,
-    load_e2e_fleet,
     pool_fixture,
     skewed_clock_env,
     submit_job,
@@ -54,12 +51,9 @@ FAULT_FLEET = {
 
 @pytest.fixture
 def beat(workers, settings):
-    apply_fast_settings(settings, workers)
-    flush_test_redis()
-    load_e2e_fleet(FAULT_FLEET)
-    yield Beat()
-    idle = Beat(dispatch=False)
-    idle.until(lambda: not Attempt.objects.exclude(state="finished").exists(), timeout=20)
+    beat = Beat.over(workers, settings, fleet=FAULT_FLEET)
+    yield beat
+    beat.drain(timeout=20)
     workers.stop_node("e2e-late")  # started by a test, with its own settings
 
 

@@ -4,10 +4,6 @@ backoff, and one end-to-end delivery through a real Celery worker."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,17 +11,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 
 from apps.jobs.models import JobEvent, JobStatus
 from apps.jobs.services import webhooks
 from apps.jobs.services.outcomes import end_job
 from apps.jobs.services.webhooks import UnsafeWebhookTarget, check_target, verify_signature
+from tests import worker_harness as harness
 from tests.conftest import client_with
 from tests.factories import org_key
 from tests.jobs.factories import JobFactory, funded_org, reset_job_state
-from tests.worker_harness import worker_database_url
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
@@ -226,57 +221,17 @@ def test_non_terminal_jobs_and_jobs_without_hooks_send_nothing(org):
 
 @pytest.fixture
 def control_worker(transactional_db, tmp_path):
-    """`celery -A config worker -Q control --pool solo` on the test database and Redis."""
-    from apps.jobs.services.admission import redis_client
-
-    redis_client().delete("control")  # nothing stale from earlier tests
-    hostname = f"hooks@{uuid.uuid4().hex[:8]}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": worker_database_url(),
-        "REDIS_URL": settings.REDIS_URL,
-        "GANTRY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
-        "GANTRY_WEBHOOK_ALLOW_HTTP": "true",
-        "GANTRY_WEBHOOK_BACKOFF_BASE_S": "0.2",
-        "GANTRY_DB_CONN_MAX_AGE": "0",
-    }
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "celery"),
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                "control",
-                "--pool",
-                "solo",
-                "--hostname",
-                hostname,
-                "--without-gossip",
-                "--without-mingle",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while f"{hostname} ready." not in log_path.read_text(errors="replace"):
-        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, "worker not ready"
-        time.sleep(0.1)
-    yield lambda: log_path.read_text(errors="replace")
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    """A control-queue worker that may deliver to this machine's test hook server."""
+    worker = harness.control_worker(
+        tmp_path,
+        extra_env={
+            "GANTRY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+            "GANTRY_WEBHOOK_ALLOW_HTTP": "true",
+            "GANTRY_WEBHOOK_BACKOFF_BASE_S": "0.2",
+        },
+    )
+    yield worker.log
+    worker.stop(grace=15)
 
 
 @pytest.mark.e2e

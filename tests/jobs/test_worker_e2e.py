@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from apps.jobs.models import Attempt, ExitClass, Job, JobEvent, JobStatus
+from apps.jobs.models import ExitClass, Job, JobEvent, JobStatus
 from apps.jobs.services.cancel import cancel_job
 from tests.jobs.factories import funded_org
 from tests.ledger.assertions import assert_ledger_exact
 from tests.worker_harness import (
     Beat,
-    apply_fast_settings,
-    flush_test_redis,
-    load_e2e_fleet,
     pool_fixture,
     submit_job,
 )
@@ -32,12 +29,9 @@ workers = pool_fixture("e2e-h100", "e2e-a100")
 
 @pytest.fixture
 def beat(workers, settings):
-    apply_fast_settings(settings, workers)
-    flush_test_redis()
-    load_e2e_fleet()
-    yield Beat()
-    # Leave no run behind for the next test: every attempt of this one has finished.
-    Beat().until(lambda: not Attempt.objects.exclude(state="finished").exists(), timeout=15)
+    beat = Beat.over(workers, settings)
+    yield beat
+    beat.drain(timeout=15, dispatch=True)
 
 
 def finished(job) -> bool:

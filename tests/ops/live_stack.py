@@ -11,12 +11,8 @@ imported by tests/ops/conftest.py).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -36,10 +32,10 @@ from tests.factories import ProjectFactory, org_key
 from tests.jobs.factories import funded_org
 from tests.worker_harness import (
     ROOT,
+    Process,
     Worker,
     WorkerPool,
     apply_fast_settings,
-    die_with_parent,
     flush_test_redis,
     load_e2e_fleet,
     worker_env,
@@ -91,58 +87,6 @@ def total(samples: Samples, name: str, **labels) -> float:
 # --------------------------------------------------------------------------- processes
 
 
-@dataclass
-class Service:
-    """One process of the slice, in its own process group, logging to a file."""
-
-    name: str
-    argv: list[str]
-    env: dict
-    log_path: Path
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> Service:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        return self
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited:\n{self.log()[-3000:]}")
-
-    def terminate(self) -> None:
-        """Ask the process group to stop (see stop)."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def stop(self) -> None:
-        """Stop the process group: SIGTERM, and SIGKILL if it is still there after 10 s."""
-        if self.proc is None:
-            return
-        self.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
@@ -170,9 +114,9 @@ def gunicorn_workers(master_pid: int) -> set[int]:
 
 @dataclass
 class Stack:
-    api: Service
-    control: Service
-    flower: Service
+    api: Process
+    control: Process
+    flower: Process
     gpu_worker: Worker
     api_port: int
     control_metrics_port: int
@@ -180,7 +124,7 @@ class Stack:
     flower_port: int
     pool: WorkerPool
     control_hostname: str = ""
-    services: list[Service] = field(default_factory=list)
+    services: list[Process] = field(default_factory=list)
 
     @property
     def api_url(self) -> str:
@@ -277,7 +221,7 @@ def stack(django_db_setup, tmp_path_factory):
         directory.mkdir(parents=True)
         return str(directory)
 
-    api = Service(
+    api = Process(
         "api",
         stack_py.api_process(port=api_port, workers=2),
         # The test loads the fleet after the API started: read GPU types every time.
@@ -289,7 +233,7 @@ def stack(django_db_setup, tmp_path_factory):
         tmp / "api.log",
     )
     control_hostname = f"control@ops-{uuid.uuid4().hex[:8]}"
-    control = Service(
+    control = Process(
         "control",
         stack_py.control_worker(hostname=control_hostname),
         {
@@ -299,7 +243,7 @@ def stack(django_db_setup, tmp_path_factory):
         },
         tmp / "control.log",
     )
-    flower = Service(
+    flower = Process(
         "flower", stack_py.flower_process(port=flower_port), base_env, tmp / "flower.log"
     )
     services = [api, control, flower]

@@ -1,11 +1,8 @@
 """The dispatch tick as Celery runs it: a real worker process on the control queue,
 woken by wake_dispatcher, places the job and publishes its run message."""
 
-import os
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ from django.conf import settings
 from apps.core import wakeup
 from apps.jobs.models import JobStatus
 from config.celery import app
+from tests import worker_harness as harness
 from tests.scheduler.factories import (
     JobFactory,
     NodeFactory,
@@ -21,7 +19,6 @@ from tests.scheduler.factories import (
     clear_queue,
     live_attempt,
     run_messages,
-    subprocess_database_url,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
@@ -32,49 +29,9 @@ CELERY = str(Path(sys.executable).parent / "celery")
 @pytest.fixture
 def control_worker(tmp_path):
     """`celery worker -Q control` on the test database, stopped after the test."""
-    broker().delete("control")  # stale control messages of earlier tests are not ours
-    hostname = f"control-test@{uuid.uuid4().hex[:8]}"
-    log_path = tmp_path / "control-worker.log"
-    env = {
-        **os.environ,
-        "DATABASE_URL": subprocess_database_url(),
-        "REDIS_URL": settings.REDIS_URL,
-        "GANTRY_DB_CONN_MAX_AGE": "0",
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-    }
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                CELERY,
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                "control",
-                "--pool",
-                "solo",
-                "--hostname",
-                hostname,
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=settings.BASE_DIR,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while f"{hostname} ready." not in log_path.read_text(errors="replace"):
-        assert proc.poll() is None, log_path.read_text()[-3000:]
-        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-        time.sleep(0.05)
-    yield log_path
-    proc.kill()
-    proc.wait(timeout=10)
+    worker = harness.control_worker(tmp_path)
+    yield worker.log_path
+    worker.stop(grace=0)
 
 
 def test_wake_dispatcher_makes_the_control_worker_place_the_job(control_worker):
