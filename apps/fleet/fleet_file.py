@@ -1,4 +1,4 @@
-"""The fleet file format (API.md) and the built-in demo fleet; parsing only, no DB."""
+"""The fleet file format (docs/api.md) and the built-in demo fleet; parsing only, no DB."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The job body of API.md, and validation of submissions and list filters."""
+"""The job body of the public API (docs/api.md), and validation of submissions and list filters."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def iso(value) -> str | None:
 
 
 def job_body(job: Job) -> dict:
-    """The job as API.md shows it (plus its spec). Builds a fresh signed result link."""
+    """The job as docs/api.md shows it (plus its spec). Builds a fresh signed result link."""
     hold = job.hold if job.hold_id else None
     result = None
     if job.result_path:
@@ -98,7 +98,7 @@ class ResourcesSerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.Serializer):
-    """Read-only: the job body (API.md)."""
+    """Read-only: the job body (docs/api.md)."""
 
     id = serializers.CharField()
     status = serializers.ChoiceField(choices=JobStatus.choices)

@@ -1,6 +1,6 @@
 """Stand-in for the opaque GPU video generator.
 
-Behaves like the real binary (see API.md, "The generator binary") so every runner path can be
+Behaves like the real binary (see docs/api.md, "The generator binary") so every runner path can be
 exercised without a GPU::
 
     gantry-standin-generator --params PARAMS.json --output-dir DIR --checkpoint-dir DIR [--resume]
