@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.shortcuts import get_object_or_404
 
 from apps.jobs.models import Attempt, Job, JobEvent, JobStatus
@@ -91,8 +91,6 @@ def dedup_source(org_id, fingerprint: str) -> Job | None:
 
 def webhooks_to_redeliver(*, finished_after, finished_before, limit: int) -> list:
     """Ids of terminal jobs with a webhook whose delivery has no recorded outcome."""
-    from django.db.models import Exists, OuterRef
-
     outcome = JobEvent.objects.filter(
         job=OuterRef("pk"), data__webhook__in=["delivered", "gave_up", "refused"]
     )
