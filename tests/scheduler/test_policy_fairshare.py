@@ -83,8 +83,8 @@ def test_a_tier_below_its_floor_is_served_first():
     assert [d.job_id for d in decisions] == ["free-job"]
 
 
-def test_a_tier_never_exceeds_its_ceiling():
+def test_a_tier_never_exceeds_its_ceiling_with_jobs_that_cannot_be_preempted():
     config = PolicyConfig(tier_ceilings={"enterprise": 1.0, "paid": 1.0, "free": 0.5})
-    queue = [job(f"f{i}", tier="free", submitted_at=i) for i in range(8)]
+    queue = [job(f"f{i}", tier="free", submitted_at=i, preemptible=False) for i in range(8)]
     decisions = schedule(snapshot([node("n0", gpus=8)], queue, config=config))
     assert len(decisions) == 4

@@ -102,9 +102,9 @@ def test_a_job_preempted_too_often_is_no_longer_a_victim():
     assert len(preempts(decisions)) == 1
 
 
-def test_a_just_started_job_is_protected_from_preemption():
-    protected = PolicyConfig().min_runtime_before_preemption_s
-    decisions = run([full_node("new", "free", started_at=NOW - protected + 1)], [enterprise_job()])
+def test_a_minimum_runtime_when_configured_protects_a_just_started_job():
+    config = PolicyConfig(tier_floors=NO_FLOORS.tier_floors, min_runtime_before_preemption_s=60)
+    decisions = run([full_node("new", "free", started_at=NOW - 59)], [enterprise_job()], config)
     assert preempts(decisions) == []
 
 

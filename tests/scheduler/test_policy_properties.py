@@ -2,6 +2,7 @@
 never split a job, and never preempt what may not be preempted."""
 
 import copy
+import math
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -75,6 +76,7 @@ def snapshots(draw):
     ]
     config = PolicyConfig(
         tier_floors={t: draw(st.sampled_from([0.0, 0.05, 0.2])) for t in TIERS},
+        tier_ceilings={t: draw(st.sampled_from([1.0, 1.0, 0.5])) for t in TIERS},
         preemption_wait_s={"enterprise": 1.0, "paid": 30.0, "free": None},
         min_runtime_before_preemption_s=draw(st.sampled_from([0.0, 60.0])),
         reserved_node_share=draw(st.sampled_from([0.0, 0.5, 1.0])),
@@ -96,10 +98,25 @@ def test_decisions_respect_the_invariants_of_the_cluster(snap):
     allocations = {a.id: a for a in snap.running}
     config = snap.config
 
+    capacity = sum(len(n.gpus) for n in snap.nodes if n.state == NodeState.ACTIVE)
+    held_by_tier = dict.fromkeys(TIERS, 0)
+    for running in snap.running:
+        held_by_tier[running.tier] = held_by_tier.get(running.tier, 0) + running.gpu_count
+    borrowing = {  # tiers beyond their ceiling (in whole GPUs) before the round
+        tier
+        for tier, held in held_by_tier.items()
+        if held > math.floor(config.tier_ceilings[tier] * capacity + 1e-9)
+    }
+
     given_gpus, placed_jobs, victims = set(), set(), set()
     for decision in decisions:
         if isinstance(decision, Place):
             queued = jobs[decision.job_id]
+            held_by_tier[queued.tier] += queued.gpu_count
+            if not queued.preemptible:
+                assert held_by_tier[queued.tier] <= (
+                    config.tier_ceilings[queued.tier] * capacity + 1e-9
+                ), "a job that cannot be preempted never borrows beyond its tier's ceiling"
             assert decision.job_id not in placed_jobs, "a job is placed at most once"
             placed_jobs.add(decision.job_id)
             assert len(decision.gpu_ids) == queued.gpu_count
@@ -122,8 +139,10 @@ def test_decisions_respect_the_invariants_of_the_cluster(snap):
                 victims.add(allocation_id)
                 assert victim.node == decision.node
                 assert victim.preemptible and not victim.stopping
-                assert TIER_RANK[victim.tier] < TIER_RANK[claimant.tier] or (
-                    victim.tier == claimant.tier and victim.org != claimant.org
+                assert (
+                    TIER_RANK[victim.tier] < TIER_RANK[claimant.tier]
+                    or (victim.tier == claimant.tier and victim.org != claimant.org)
+                    or victim.tier in borrowing
                 )
                 assert victim.preemptions < config.max_preemptions_per_job
                 assert NOW - victim.started_at >= config.min_runtime_before_preemption_s

@@ -201,6 +201,7 @@ def test_the_engine_rejects_preempting_a_protected_job():
         _tiny_workload(jobs),
         eager,
         policy_name="eager",
+        config=PolicyConfig(min_runtime_before_preemption_s=60.0),
         duration_s=10.0,
         queue_quota={},
     )

@@ -8,13 +8,19 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
 - guaranteed floors enterprise 20 %, paid 10 %, free 5 % of the fleet: a tier below its
   floor is served before any tier above its own, and preemption never pushes a tier
   below its floor;
-- burst ceilings enterprise 100 %, paid 100 %, free 80 %: a tier never holds more than
-  this fraction of the fleet, so some headroom is always left for paying work;
+- ceilings enterprise 100 %, paid 100 %, free 80 %: what a tier keeps while others
+  wait. Beyond its ceiling a tier only borrows: preemptible jobs may take GPUs that
+  would otherwise idle (work conservation: a free job runs alone on a one-GPU pool),
+  and any other tier waiting `reclaim_wait_s` takes borrowed GPUs back by preemption;
+  a non-preemptible job never borrows;
 - usage half-life 30 min; aging 2 fair shares per hour of waiting within a tier, 0.25
   between tiers, 12 in the order reservations are granted;
-- preemption after enterprise 5 s, paid 60 s of waiting; free never preempts; a job
-  is preempted at most twice; a job that started or resumed less than 60 s ago is
-  never a victim; at most 8 preemptions per round;
+- preemption after enterprise 5 s, paid 60 s of waiting; free never preempts (except
+  to reclaim borrowed GPUs); a job is preempted at most twice; no flat minimum runtime
+  protects a victim (a job that just started has lost the least work, so it is the
+  cheapest victim); thrash is bounded by the per-job cap, by victims being of a lower
+  tier (or of an org far over its share), and by not preempting when GPUs free up by
+  themselves within the grace period; at most 8 preemptions per round;
 - at most half of the nodes drain for reservations at once;
 - a round looks at 2,048 queued jobs shared max-min between users (each user's oldest
   first), and at least each user's first 4; deeper jobs only count as demand.
@@ -50,7 +56,10 @@ class PolicyConfig:
     tier_ceilings: Mapping[str, float] = field(
         default_factory=_tier_map(enterprise=1.0, paid=1.0, free=0.8)
     )
-    """Hard cap on the fraction of the fleet's GPUs a tier may hold."""
+    """Fraction of the fleet's GPUs a tier keeps while other tiers wait. Only
+    preemptible jobs go beyond it, on GPUs nobody else wants now (borrowing), and
+    borrowed GPUs are reclaimed by preemption once another tier has waited
+    `reclaim_wait_s`."""
     usage_half_life_s: float = 1800.0
     """Half-life of the decayed GPU-seconds that fair share compares."""
     running_weight: float = 0.5
@@ -76,8 +85,13 @@ class PolicyConfig:
     """How long a job of each tier waits before it may preempt; None = never preempts."""
     max_preemptions_per_job: int = 2
     """A job preempted this many times is no longer a victim."""
-    min_runtime_before_preemption_s: float = 60.0
-    """A job that started or resumed less than this ago is never a victim (anti-thrash)."""
+    min_runtime_before_preemption_s: float = 0.0
+    """A job that started or resumed less than this ago is never a victim. Off by default:
+    a flat minimum made an enterprise job wait out a free job that had just started,
+    while that job, having run least, is the one that loses least work."""
+    reclaim_wait_s: float = 5.0
+    """A job of any tier that has waited this long may take back, by preemption, GPUs
+    that another tier holds beyond its ceiling (borrowed), down to that ceiling."""
     preemption_grace_s: float = 5.0
     """How long a victim takes to stop; a waiting job that will fit sooner than this by
     itself does not preempt."""
@@ -123,6 +137,8 @@ class PolicyConfig:
                 raise ValueError(f"preemption_wait_s.{tier}: must be >= 0 or None")
         if sum(self.tier_floors[tier] for tier in TIERS) > 1.0 + 1e-9:
             raise ValueError("tier_floors: floors add up to more than the whole fleet")
+        if self.reclaim_wait_s < 0:
+            raise ValueError("reclaim_wait_s: must be >= 0")
         if self.usage_half_life_s <= 0:
             raise ValueError("usage_half_life_s: must be positive")
         if not 0.0 <= self.running_weight <= 1.0:

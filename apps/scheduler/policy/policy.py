@@ -16,20 +16,23 @@ towards their org's demand, with the snapshot's `backlog`.
    (backfill) or use GPUs it does not need; so its start never moves later.
 3. Fair-share round. Queued jobs are taken in hierarchical fair-share order
    (`FairShareQueue`: tier → org → user → FIFO). Each starts best-fit on one node of its
-   most preferred allowed type with room, within its tier's ceiling and the
-   reservations. One that cannot start preempts if it has waited past its tier's
-   threshold, its org holds less than its fair entitlement, and nothing frees up by
-   itself within the victims' grace period (`Preempt` of lower-tier jobs, or of jobs of
-   same-tier orgs above their entitlement; the victims' GPUs become its claim, handed
-   over in a later round). Otherwise it waits; younger jobs may backfill.
+   most preferred allowed type with room, respecting the reservations; beyond its
+   tier's ceiling only a preemptible job starts, borrowing GPUs nobody else takes
+   (work conservation). One that cannot start preempts if it has waited past its
+   tier's threshold, its org holds less than its fair entitlement, and nothing frees
+   up by itself within the victims' grace period (`Preempt` of lower-tier jobs, or of
+   jobs of same-tier orgs above their entitlement; the victims' GPUs become its claim,
+   handed over in a later round); any job that waited `reclaim_wait_s` may also take
+   back GPUs another tier borrowed beyond its ceiling. Otherwise it waits; younger jobs
+   may backfill.
 4. The round stops when the queue is exhausted, when no GPU is free and nobody may
    preempt, or after `scan_budget` jobs in a row without a decision.
 
 Guarantees (tested, including by a property test on random snapshots): a GPU is given to
 at most one job per call, only if it is free, on an active node, and held by no
 allocation; a job's GPUs are on one node and of one type, allowed by the job and meeting
-its memory floor; no tier goes over its ceiling through placements; non-preemptible,
-stopping, recently (re)started and capped allocations are never victims, and neither are
+its memory floor; a non-preemptible job never takes its tier over its ceiling;
+non-preemptible, stopping and capped allocations are never victims, and neither are
 GPUs on a node already being freed; the snapshot is not modified; the result depends
 only on the snapshot (deterministic).
 """
@@ -85,6 +88,9 @@ class _DispatchRound:
         self.running = RunningGpus.of(snapshot.running)
         self.ceiling_gpus = {t: self.config.tier_ceilings[t] * self.capacity for t in TIERS}
         self.floor_gpus = {t: self.config.tier_floors[t] * self.capacity for t in TIERS}
+        self.guaranteed_gpus = {t: math.floor(self.floor_gpus[t] + 1e-9) for t in TIERS}
+        # What a borrowing tier keeps when its borrowed GPUs are taken back: whole GPUs.
+        self.kept_gpus = {t: math.floor(self.ceiling_gpus[t] + 1e-9) for t in TIERS}
         self.decisions: list[Decision] = []
         self.pending_claims_by_org: dict[str, int] = {}  # GPUs being freed for each org
         self.preemptions_left = dict.fromkeys(TIERS, self.config.max_preemptions_per_tick)
@@ -164,7 +170,7 @@ class _DispatchRound:
             if being_freed is None:
                 draining.append((job, pools))
             elif being_freed.reservation is None:
-                if being_freed.free >= job.gpu_count and self._within_ceiling(job):
+                if being_freed.free >= job.gpu_count and self._may_place(job):
                     self._place(job, being_freed, "the GPUs preempted for it are free")
                 else:
                     start = self.now + self.config.preemption_grace_s
@@ -178,7 +184,7 @@ class _DispatchRound:
             count = job.gpu_count
             pools = [p for p in pools if p.reservation is None]
             room = next((pool for pool in pools if pool.free >= count), None)
-            if room is not None and self._within_ceiling(job):
+            if room is not None and self._may_place(job):
                 self._place(job, room, "the node drained for it is free")
                 sitting_out.add(job.id)
             elif pools:
@@ -191,7 +197,7 @@ class _DispatchRound:
             # Enough GPUs free elsewhere (other nodes' reservations respected): start there
             # and release the node it was draining.
             types = self.index.allowed_types(job)
-            if not self._within_ceiling(job) or not self.index.has_room(types, job.gpu_count):
+            if not self._may_place(job) or not self.index.has_room(types, job.gpu_count):
                 continue
             end = self.now + job.max_runtime_s
             room = self.index.best_fit(types, job.gpu_count, end, job.id, job.avoid_nodes)
@@ -271,12 +277,17 @@ class _DispatchRound:
             return 0, False  # no active node could ever hold it
         within_ceiling = self._within_ceiling(job)
         end = self.now + job.max_runtime_s
-        if within_ceiling and self.index.free_gpus >= count and self.index.has_room(types, count):
+        if (
+            (within_ceiling or job.preemptible)
+            and self.index.free_gpus >= count
+            and self.index.has_room(types, count)
+        ):
             pool = self.index.best_fit(types, count, end, job.id, job.avoid_nodes)
             if pool is not None:
                 self._place(job, pool, pick.describe())
                 return count, True
-        # At its tier's ceiling a job may only take back GPUs from its own tier.
+        # At its tier's ceiling a job may only take back GPUs from its own tier (or
+        # borrowed ones): borrowing is of idle GPUs, never by preemption.
         if self._try_preempt(job, types, lower_tiers=within_ceiling):
             return 0, True
         return 0, False
@@ -313,8 +324,21 @@ class _DispatchRound:
         held = self.running.by_tier.get(job.tier, 0)
         return held + job.gpu_count <= self.ceiling_gpus[job.tier] + 1e-9
 
+    def _may_place(self, job: QueuedJob) -> bool:
+        """Within its tier's ceiling, or preemptible (then it borrows beyond it)."""
+        return job.preemptible or self._within_ceiling(job)
+
+    def _borrowing_ranks(self, tier: str) -> frozenset[int]:
+        """Ranks of the other tiers holding GPUs beyond their ceiling right now."""
+        return frozenset(
+            TIER_RANK[other]
+            for other in TIERS
+            if other != tier and self.running.by_tier.get(other, 0) > self.kept_gpus[other]
+        )
+
     def _place(self, job: QueuedJob, pool: Pool, why: str) -> None:
         end = self.now + job.max_runtime_s
+        borrows = not self._within_ceiling(job)
         free_before = pool.free
         reservation = pool.reservation
         gpu_ids = self.index.take(pool, job.gpu_count, end, job.id)
@@ -332,6 +356,13 @@ class _DispatchRound:
                 )
             else:
                 where += f"; uses GPUs to spare beside the reservation of job {reservation.job_id}"
+        if borrows:
+            ceiling = self.config.tier_ceilings[job.tier]
+            where += (
+                f"; borrows idle GPUs beyond the {job.tier} tier's ceiling "
+                f"({ceiling:.0%} of {self.capacity} GPUs), to be given back by preemption "
+                f"when another tier waits"
+            )
         self.decisions.append(
             Place(
                 job_id=job.id,
@@ -351,10 +382,21 @@ class _DispatchRound:
         threshold = self.config.preemption_wait_s.get(tier)
         return threshold is not None and self.now - submitted_at >= threshold
 
+    def _may_reclaim(self, tier: str, submitted_at: float) -> bool:
+        """Whether a job of `tier` queued since then may take back borrowed GPUs."""
+        return self.now - submitted_at >= self.config.reclaim_wait_s and bool(
+            self._borrowing_ranks(tier)
+        )
+
+    def _may_preempt_after_waiting(self, tier: str, submitted_at: float) -> bool:
+        return self._waited_past_threshold(tier, submitted_at) or self._may_reclaim(
+            tier, submitted_at
+        )
+
     def _anyone_may_preempt(self) -> bool:
-        """Whether some offered job without a claim has waited past its tier's threshold."""
+        """Whether some offered job without a claim has waited long enough to preempt."""
         return any(
-            self.preemptions_left.get(tier, 0) > 0 and self._waited_past_threshold(tier, oldest)
+            self.preemptions_left.get(tier, 0) > 0 and self._may_preempt_after_waiting(tier, oldest)
             for tier, oldest in self.queue.oldest_unclaimed.items()
         )
 
@@ -365,20 +407,28 @@ class _DispatchRound:
             if (
                 self.preemptions_left.get(tier, 0) > 0
                 and oldest is not None
-                and self._waited_past_threshold(tier, oldest)
+                and self._may_preempt_after_waiting(tier, oldest)
             ):
                 tiers.append(tier)
         return tiers
 
     def _try_preempt(self, job: QueuedJob, types: tuple[str, ...], lower_tiers: bool) -> bool:
         """Preempt for a job that has waited past its tier's threshold, if it may and
-        must (victims of lower tiers only if `lower_tiers`); True when a `Preempt`
-        decision was made."""
-        if self.preemptions_left.get(job.tier, 0) <= 0 or not self._waited_past_threshold(
-            job.tier, job.submitted_at
-        ):
+        must (victims of lower tiers only if `lower_tiers`), or that has waited
+        `reclaim_wait_s` while another tier borrows (victims of borrowing tiers only,
+        down to their ceilings); True when a `Preempt` decision was made."""
+        if self.preemptions_left.get(job.tier, 0) <= 0:
             return False
-        victims_key = (types, job.gpu_count, job.tier, lower_tiers)
+        past_threshold = self._waited_past_threshold(job.tier, job.submitted_at)
+        borrowed = (
+            self._borrowing_ranks(job.tier)
+            if self.now - job.submitted_at >= self.config.reclaim_wait_s
+            else frozenset()
+        )
+        if not past_threshold and not borrowed:
+            return False
+        lower_tiers = lower_tiers and past_threshold
+        victims_key = (types, job.gpu_count, job.tier, lower_tiers, borrowed, past_threshold)
         if victims_key in self.no_victims or (types, job.gpu_count) in self.fits_soon:
             return False
         held = self.running.by_org.get(job.org, 0) + self.pending_claims_by_org.get(job.org, 0)
@@ -393,14 +443,32 @@ class _DispatchRound:
         if start <= soon:
             self.fits_soon.add((types, job.gpu_count))
             return False  # GPUs free up by themselves as soon as victims could leave
+        same_tier = (
+            (lambda victim: self._may_take_from_same_tier(job, victim)) if past_threshold else None
+        )
+
+        def may_lose(gpus_by_tier) -> bool:
+            # A tier that is a victim only because it borrows keeps its ceiling.
+            def borrowed_only(tier: str) -> bool:
+                return not past_threshold or (
+                    tier != job.tier and not (lower_tiers and TIER_RANK[tier] < job_rank)
+                )
+
+            return self._tiers_may_lose(gpus_by_tier) and all(
+                self.running.by_tier.get(tier, 0) - gpus >= self.kept_gpus[tier]
+                for tier, gpus in gpus_by_tier.items()
+                if borrowed_only(tier)
+            )
+
         choice = self.victims.find(
             types,
             job.gpu_count,
             job_rank,
-            self._tiers_may_lose,
+            may_lose,
             job_id=job.id,
             lower_tiers=lower_tiers,
-            same_tier_victim=lambda victim: self._may_take_from_same_tier(job, victim),
+            same_tier_victim=same_tier,
+            borrowed_ranks=borrowed,
         )
         if choice is None:
             self.no_victims.add(victims_key)
@@ -409,9 +477,10 @@ class _DispatchRound:
         return True
 
     def _tiers_may_lose(self, gpus_by_tier) -> bool:
-        """Preemption never takes a tier below its guaranteed floor."""
+        """Preemption never takes a tier below its guaranteed floor, in whole GPUs (5 %
+        of a one-GPU pool guarantees no GPU: it must not shield a job from preemption)."""
         return all(
-            self.running.by_tier.get(tier, 0) - gpus >= self.floor_gpus[tier] - 1e-9
+            self.running.by_tier.get(tier, 0) - gpus >= self.guaranteed_gpus[tier]
             for tier, gpus in gpus_by_tier.items()
         )
 
@@ -432,6 +501,14 @@ class _DispatchRound:
             f"job {v.job_id} ({v.tier}, {v.gpu_count} GPU{'s' if v.gpu_count > 1 else ''})"
             for v in choice.victims
         )
+        threshold = self.config.preemption_wait_s[job.tier]
+        if threshold is not None and waited >= threshold:
+            why = f"past the {job.tier} threshold of {threshold:.0f} s"
+        else:
+            why = (
+                f"past the reclaim wait of {self.config.reclaim_wait_s:.0f} s, taking back "
+                f"GPUs borrowed beyond a tier's ceiling"
+            )
         self.decisions.append(
             Preempt(
                 allocation_ids=tuple(v.id for v in choice.victims),
@@ -439,8 +516,7 @@ class _DispatchRound:
                 node=pool.node,
                 for_job_id=job.id,
                 reason=(
-                    f"job {job.id} ({job.tier}, org {job.org}) waited {waited:.0f} s, past the "
-                    f"{job.tier} threshold of {self.config.preemption_wait_s[job.tier]:.0f} s, "
+                    f"job {job.id} ({job.tier}, org {job.org}) waited {waited:.0f} s, {why}, "
                     f"and {job.gpu_count} {pool.gpu_type} GPU(s) are not free on any node; "
                     f"stopping {victims} on {pool.node}, losing "
                     f"{choice.lost_gpu_seconds:.0f} GPU-s since their last checkpoint"

@@ -17,7 +17,8 @@ Victims (this module) are chosen on one node, in one pool of an allowed GPU type
 - of a strictly lower tier, or of the job's own tier but from another org holding more
   than `same_tier_preemption_factor` times its weighted share of the tier while the
   job's org holds less than its own (one customer flooding the queue cannot crowd out
-  the others of its tier; orgs near their shares never preempt one another);
+  the others of its tier; orgs near their shares never preempt one another), or of any
+  tier that holds GPUs beyond its ceiling (borrowed), never taking it below that ceiling;
 - never on a node whose GPUs are already being freed by a preemption;
 - never taking a victim's tier below its guaranteed floor;
 - the best set minimises, in this order: the number of victims, the highest victim tier,
@@ -124,17 +125,21 @@ class VictimFinder:
         job_id=None,
         same_tier_victim: Callable[[RunningAllocation], bool] | None = None,
         lower_tiers: bool = True,
+        borrowed_ranks: frozenset[int] = frozenset(),
     ) -> VictimChoice | None:
         """The best victim set freeing `count` GPUs in one pool of `types`.
 
-        Victims are of a lower tier than `job_rank` (if `lower_tiers`), or of the same
-        tier where `same_tier_victim(allocation)` allows it. Pools reserved for another job are left
-        alone. `may_lose(gpus_by_tier)` says whether the tiers can give up those GPUs."""
+        Victims are of a lower tier than `job_rank` (if `lower_tiers`), of the same
+        tier where `same_tier_victim(allocation)` allows it, or of a tier in
+        `borrowed_ranks` (tiers holding borrowed GPUs, whatever their rank). Pools
+        reserved for another job are left alone. `may_lose(gpus_by_tier)` says whether
+        the tiers can give up those GPUs."""
 
         def usable(candidate) -> bool:
             rank = candidate[1]
             return (
                 (lower_tiers and rank < job_rank)
+                or rank in borrowed_ranks
                 or (
                     rank == job_rank
                     and same_tier_victim is not None
@@ -157,7 +162,11 @@ class VictimFinder:
                 if need <= 0:
                     continue
                 info = pool_infos.get(pool.ordinal) or pool_info(pool)
-                if info[1][below_rank] >= need:
+                below = info[1]
+                eligible = below[below_rank] + sum(
+                    below[rank + 1] - below[rank] for rank in borrowed_ranks if rank >= below_rank
+                )
+                if eligible >= need:
                     pools.append((pool, need, type_rank, info[0]))
 
         # Fast path: a single victim is always the fewest; take the best single one
@@ -169,7 +178,7 @@ class VictimFinder:
                 allocation, rank, gpus, lost = candidate
                 if gpus < need:
                     break
-                if rank > job_rank or allocation.id in taken:
+                if (rank > job_rank and rank not in borrowed_ranks) or allocation.id in taken:
                     continue
                 if usable(candidate):
                     key = (1, rank, rank, lost, gpus - need, type_rank, pool.ordinal)

@@ -536,8 +536,12 @@ class Simulation:
             if record.node != decision.node:
                 raise SimulationError(f"{decision}: victims span nodes")
             rank, claimant_rank = TIER_RANK[record.tier], TIER_RANK[claimant.spec.tier]
-            if rank > claimant_rank or (rank == claimant_rank and record.org == claimant.spec.org):
-                raise SimulationError(f"{decision}: victim of a higher tier or the same org")
+            if record.org == claimant.spec.org or (
+                rank > claimant_rank and not self._borrowing(record.tier)
+            ):
+                raise SimulationError(
+                    f"{decision}: victim of the same org, or of a higher tier within its ceiling"
+                )
             if record.preemptions >= self.config.max_preemptions_per_job:
                 raise SimulationError(f"{decision}: victim is past its preemption cap")
             if now - record.started_at < self.config.min_runtime_before_preemption_s:
@@ -548,6 +552,14 @@ class Simulation:
             self._push(now + self.stop_delay, _STOP, allocation_id)
         claimant.queued.claimed_node = decision.node
         self.claimed[claimant.spec.id] = claimant
+
+    def _borrowing(self, tier: str) -> bool:
+        """Whether the tier holds GPUs beyond its ceiling (in whole GPUs): those may be
+        taken back by any tier."""
+        held = sum(
+            len(a.record.gpu_ids) for a in self.allocations.values() if a.record.tier == tier
+        )
+        return held > math.floor(self.config.tier_ceilings[tier] * self.total_gpus + 1e-9)
 
     def _apply_reserve(self, decision: Reserve) -> None:
         state = self.jobs.get(decision.job_id)
