@@ -6,7 +6,7 @@ from datetime import UTC
 
 from rest_framework import serializers
 
-from apps.jobs import validation
+from apps.jobs import queue_state, validation
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.services import results
 
@@ -17,8 +17,11 @@ def iso(value) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def job_body(job: Job) -> dict:
-    """The job as docs/api.md shows it (plus its spec). Builds a fresh signed result link."""
+def job_body(job: Job, *, queue_states: dict | None = None) -> dict:
+    """The job as docs/api.md shows it (plus its spec). Builds a fresh signed result link.
+
+    A queued job carries `queue` (its position, why it waits, its estimated start) from
+    `queue_states` (job id -> QueueState, for a page of jobs) or read for it alone."""
     hold = job.hold if job.hold_id else None
     result = None
     if job.result_path:
@@ -59,7 +62,16 @@ def job_body(job: Job) -> dict:
         "created_at": iso(job.created_at),
         "started_at": iso(job.started_at),
         "finished_at": iso(job.finished_at),
+        "queue": _queue_of(job, queue_states),
     }
+
+
+def _queue_of(job: Job, queue_states: dict | None) -> dict | None:
+    if job.status != JobStatus.QUEUED:
+        return None
+    if queue_states is None:
+        queue_states = queue_state.read([job.id])
+    return queue_states.get(str(job.id), queue_state.UNKNOWN).body()
 
 
 class HoldSerializer(serializers.Serializer):
@@ -78,6 +90,15 @@ class ErrorSerializer(serializers.Serializer):
 class ResultLinkSerializer(serializers.Serializer):
     url = serializers.URLField()
     expires_at = serializers.DateTimeField()
+
+
+class QueueSerializer(serializers.Serializer):
+    position = serializers.IntegerField(
+        allow_null=True,
+        help_text="1 = next to start among the jobs that compete for the same GPUs.",
+    )
+    reason = serializers.CharField(help_text="Why it waits, e.g. waiting for an H100: 1 of 1 busy.")
+    estimated_start_at = serializers.DateTimeField(allow_null=True)
 
 
 class ResourcesSerializer(serializers.Serializer):
@@ -122,6 +143,7 @@ class JobSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+    queue = QueueSerializer(allow_null=True, help_text="Where a queued job stands; else null.")
 
     def to_representation(self, instance):
         return job_body(instance)

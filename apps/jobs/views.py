@@ -18,7 +18,7 @@ from apps.core.errors import GantryError
 from apps.core.idempotency import HEADER as IDEMPOTENCY_HEADER
 from apps.core.idempotency import MAX_KEY_LENGTH, idempotent
 from apps.core.pagination import OpaqueCursorPagination
-from apps.jobs import selectors
+from apps.jobs import queue_state, selectors
 from apps.jobs.models import JobStatus
 from apps.jobs.serializers import (
     JobEventSerializer,
@@ -88,7 +88,9 @@ class JobListView(GenericAPIView):
             request.user, status=filters.validated_data.get("status"), project_id=project_id
         )
         page = self.paginate_queryset(jobs)
-        return self.get_paginated_response([job_body(job) for job in page])
+        queued = [job.id for job in page if job.status == JobStatus.QUEUED]
+        states = queue_state.read(queued)
+        return self.get_paginated_response([job_body(job, queue_states=states) for job in page])
 
     @extend_schema(
         request=JobSubmitSerializer,

@@ -18,6 +18,7 @@ from apps.scheduler.policy import (
     Reserve,
     queue_window,
     schedule,
+    schedule_round,
 )
 from apps.scheduler.policy.builders import DEFAULT_GPU_TYPES, allocation, job, node, snapshot
 
@@ -168,3 +169,19 @@ def test_the_queue_window_with_its_backlog_decides_like_the_whole_queue(snap, de
     window = queue_window(snap.queued, snap.config)
     windowed = replace(snap, queued=window.listed, backlog=window.backlog)
     assert schedule(windowed) == schedule(snap)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_waiting_jobs_are_explained_without_naming_anyone(snap):
+    result = schedule_round(snap)
+    placed = {d.job_id for d in result.decisions if isinstance(d, Place)}
+    assert {w.job_id for w in result.waiting} == {j.id for j in snap.queued} - placed
+    names = {j.org for j in snap.queued} | {a.org for a in snap.running}
+    names |= {j.user for j in snap.queued} | {a.user for a in snap.running}
+    names |= {str(j.id) for j in snap.queued} | {str(a.job_id) for a in snap.running}
+    for waiting in result.waiting:
+        words = set(waiting.public_reason.replace(":", " ").replace(",", " ").split())
+        assert not words & names, waiting.public_reason
+        assert waiting.position is None or waiting.position >= 1
+        assert waiting.estimated_start is None or waiting.estimated_start >= snap.now

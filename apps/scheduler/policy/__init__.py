@@ -17,7 +17,7 @@ best-fit, reservations and backfill, `preemption.py` for victims and entitlement
 from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig
 from .fairshare import FairShareQueue, Pick, RunningGpus
 from .placement import CapacityIndex, Pool, Reservation
-from .policy import schedule
+from .policy import schedule, schedule_round
 from .preemption import VictimFinder, is_victim_candidate, water_fill, work_lost_gpu_seconds
 from .snapshot import (
     ClusterSnapshot,
@@ -31,8 +31,10 @@ from .snapshot import (
     QueueBacklog,
     QueuedJob,
     Reserve,
+    RoundResult,
     RunningAllocation,
     UsageSnapshot,
+    Waiting,
 )
 from .usage import DecayedUsage, accrue, decay, equivalent_gpus
 from .window import QueueWindow, queue_window, window_depth
@@ -62,16 +64,19 @@ __all__ = [
     "QueuedJob",
     "Reservation",
     "Reserve",
+    "RoundResult",
     "RunningAllocation",
     "RunningGpus",
     "UsageSnapshot",
     "VictimFinder",
+    "Waiting",
     "accrue",
     "decay",
     "equivalent_gpus",
     "is_victim_candidate",
     "queue_window",
     "schedule",
+    "schedule_round",
     "water_fill",
     "window_depth",
     "work_lost_gpu_seconds",

@@ -43,10 +43,23 @@ import gc
 import math
 
 from .config import TIER_RANK, TIERS
+from .estimate import estimate, free_times
 from .fairshare import FairShareQueue, Pick, RunningGpus
 from .placement import CapacityIndex, Pool, Reservation
 from .preemption import VictimChoice, VictimFinder, water_fill
-from .snapshot import ClusterSnapshot, Decision, Place, Preempt, QueuedJob, Reserve
+from .snapshot import (
+    ClusterSnapshot,
+    Decision,
+    Place,
+    Preempt,
+    QueuedJob,
+    Reserve,
+    RoundResult,
+    Waiting,
+)
+
+# What a tenant reads about a job the round did not reach.
+NOT_REACHED = "waiting for its turn: jobs ahead of it get the next free GPUs"
 
 
 def schedule(snapshot: ClusterSnapshot) -> list[Decision]:
@@ -62,10 +75,18 @@ def schedule(snapshot: ClusterSnapshot) -> list[Decision]:
     collector rescan the snapshot's tens of thousands of long-lived objects several
     times per round; nothing the round allocates forms a reference cycle, so reference
     counting frees it all the same."""
+    return schedule_round(snapshot, explain=False).decisions
+
+
+def schedule_round(snapshot: ClusterSnapshot, *, explain: bool = True) -> RoundResult:
+    """`schedule`, and with `explain` why each looked-at job that was not placed waits,
+    its position and its estimated start (`Waiting`, see estimate.py)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _DispatchRound(snapshot).run()
+        round_ = _DispatchRound(snapshot)
+        decisions = round_.run()
+        return RoundResult(decisions, round_.waiting() if explain else [])
     finally:
         if collecting:
             gc.enable()
@@ -105,6 +126,10 @@ class _DispatchRound:
         self._org_entitlement: dict[str, float] | None = None
         self._tier_share: dict[str, float] = {}
         self._weighted_share: dict[str, float] = {}  # org -> weight share of its tier's
+        # Why a looked-at job was not placed: job id -> (reason, public reason); and the
+        # order in which the round served jobs (for positions and start estimates).
+        self.why: dict = {}
+        self.served: list[QueuedJob] = []
 
     # -- the round ---------------------------------------------------------------------
 
@@ -178,6 +203,11 @@ class _DispatchRound:
                         being_freed, job, start, claim=True
                     )
                     self._add_pending_claim(job.org, job.gpu_count)
+                    self.why[job.id] = (
+                        f"GPUs on {being_freed.node} are being freed for it by a preemption",
+                        "GPUs are being freed for it: it starts as soon as they are",
+                    )
+                    self.served.append(job)
                 sitting_out.add(job.id)
         unplaced = []
         for job, pools in draining:
@@ -273,8 +303,15 @@ class _DispatchRound:
         job = pick.job
         count = job.gpu_count
         types = self.index.allowed_types(job)
+        self.served.append(job)
         if count < 1 or not types or not self.index.could_ever_fit(types, count):
-            return 0, False  # no active node could ever hold it
+            # No active node could ever hold it.
+            wanted = f"{count} GPU{'s' if count != 1 else ''} of {_types_phrase(types)}"
+            self.why[job.id] = (
+                f"no active node has {wanted} on one node",
+                f"no active node has {wanted} on one node",
+            )
+            return 0, False
         within_ceiling = self._within_ceiling(job)
         end = self.now + job.max_runtime_s
         if (
@@ -290,7 +327,105 @@ class _DispatchRound:
         # borrowed ones): borrowing is of idle GPUs, never by preemption.
         if self._try_preempt(job, types, lower_tiers=within_ceiling):
             return 0, True
+        self.why[job.id] = self._why_waiting(job, types, within_ceiling, pick)
         return 0, False
+
+    def _why_waiting(self, job: QueuedJob, types, within_ceiling: bool, pick: Pick):
+        """(reason, public reason) of a job examined and passed over this round."""
+        count = job.gpu_count
+        if not within_ceiling and not job.preemptible:
+            held = self.running.by_tier.get(job.tier, 0)
+            return (
+                f"the {job.tier} tier holds {held} of {self.ceiling_gpus[job.tier]:g} GPUs "
+                f"(its ceiling); a job that cannot be preempted does not borrow beyond it; "
+                f"{pick.describe()}",
+                "waiting for its tier's share of the fleet: a job that cannot be preempted "
+                "runs only within it",
+            )
+        reservation = self.reservations.get(job.id)
+        if reservation is not None:
+            return (
+                f"a node is draining for it: {self.index.pools[reservation.pool_ordinal].node} "
+                f"by t={reservation.start:.0f}",
+                f"a node is being freed for it ({count} GPUs on one node are needed)",
+            )
+        types = self._present(types)
+        total = sum(p.size for t in types for p in self.index.pools_by_type.get(t, ()))
+        free = sum(len(p.free_ids) for t in types for p in self.index.pools_by_type.get(t, ()))
+        wanted = _wanted_phrase(count, types)
+        if free >= count:
+            return (
+                f"{free} GPUs of {_types_phrase(types)} are free but not {count} on one node "
+                f"outside the reservations of larger jobs (or only on nodes it failed on); "
+                f"{pick.describe()}",
+                f"waiting for {wanted}: the free ones are kept for a larger job, or are "
+                f"not enough on one node",
+            )
+        return (
+            f"waiting for {wanted}: {total - free} of {total} busy; {pick.describe()}",
+            f"waiting for {wanted}: {total - free} of {total} busy",
+        )
+
+    def _present(self, types) -> tuple[str, ...]:
+        """The types of `types` that some active node has."""
+        return tuple(t for t in types if self.index.pools_by_type.get(t))
+
+    def _why_not_reached(self, job: QueuedJob) -> tuple[str, str]:
+        """A job the round did not examine: its GPU types are busy, or others come first."""
+        types = self._present(self.index.allowed_types(job))
+        pools = [p for t in types for p in self.index.pools_by_type.get(t, ())]
+        total = sum(p.size for p in pools)
+        free = sum(len(p.free_ids) for p in pools)
+        if total and free < job.gpu_count:
+            wanted = _wanted_phrase(job.gpu_count, types)
+            busy = f"waiting for {wanted}: {total - free} of {total} busy"
+            return f"{busy}; not reached this round (fair-share order)", busy
+        return "not reached this round (fair-share order)", NOT_REACHED
+
+    def waiting(self) -> list[Waiting]:
+        """Why each job of the snapshot that the round did not place waits, where it
+        stands and when it may start (see estimate.py)."""
+        placed: dict = {}
+        placed_jobs = set()
+        for decision in self.decisions:
+            if isinstance(decision, Place):
+                placed_jobs.add(decision.job_id)
+        queued_by_id = {job.id: job for job in self.snapshot.queued}
+        for decision in self.decisions:
+            if isinstance(decision, Place):
+                job = queued_by_id[decision.job_id]
+                end = self.now + self.snapshot.runtime_ratio * job.max_runtime_s
+                placed.update(dict.fromkeys(decision.gpu_ids, end))
+        seen = set()
+        order = []
+        for job in self.served:
+            if job.id not in placed_jobs and job.id not in seen:
+                seen.add(job.id)
+                order.append(job)
+        rest = [j for j in self.snapshot.queued if j.id not in placed_jobs and j.id not in seen]
+        rest.sort(key=lambda j: (-TIER_RANK.get(j.tier, 0), j.submitted_at, str(j.id)))
+        order += rest
+        heaps = free_times(
+            self.snapshot.nodes,
+            self.snapshot.running,
+            placed,
+            now=self.now,
+            runtime_ratio=self.snapshot.runtime_ratio,
+            stop_delay_s=self.config.preemption_grace_s,
+        )
+        estimates = estimate(
+            order,
+            heaps,
+            self.index.allowed_types,
+            now=self.now,
+            runtime_ratio=self.snapshot.runtime_ratio,
+        )
+        waiting = []
+        for job in order:
+            reason, public = self.why.get(job.id) or self._why_not_reached(job)
+            position, start = estimates[job.id]
+            waiting.append(Waiting(job.id, reason, public, position, start))
+        return waiting
 
     def _hold_reservation(self, pool: Pool, job: QueuedJob, start: float) -> Reservation:
         reservation = self.index.reserve(pool, job, start)
@@ -509,6 +644,10 @@ class _DispatchRound:
                 f"past the reclaim wait of {self.config.reclaim_wait_s:.0f} s, taking back "
                 f"GPUs borrowed beyond a tier's ceiling"
             )
+        self.why[job.id] = (
+            f"preempting {victims} on {pool.node} for it",
+            "lower-priority work is being stopped to make room for it",
+        )
         self.decisions.append(
             Preempt(
                 allocation_ids=tuple(v.id for v in choice.victims),
@@ -583,3 +722,16 @@ class _DispatchRound:
         ) and held.get(job.org, 0) + self.pending_claims_by_org.get(
             job.org, 0
         ) < self._weighted_share.get(job.org, 0.0)
+
+
+def _types_phrase(types) -> str:
+    return " or ".join(types) if types else "any allowed type"
+
+
+def _wanted_phrase(count: int, types) -> str:
+    """ "an H100", "2 H100 or A100 GPUs"."""
+    kinds = _types_phrase(types)
+    if count == 1 and len(types) == 1:
+        article = "an" if kinds[:1] in "AEFHILMNORSX" else "a"
+        return f"{article} {kinds}"
+    return f"{count} {kinds} GPU{'s' if count != 1 else ''}"

@@ -134,6 +134,9 @@ class ClusterSnapshot:
     config: PolicyConfig = field(default_factory=PolicyConfig)
     backlog: Mapping[tuple[str, str], QueueBacklog] = field(default_factory=dict)
     """(tier, org) -> queued jobs not listed in `queued` (beyond each user's depth)."""
+    runtime_ratio: float = 1.0
+    """How much of its max_runtime_s a job runs, typically (observed: the median of
+    recent attempts). Start-time estimates expect each job to run this fraction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,3 +182,27 @@ class Reserve:
 
 
 Decision = Place | Preempt | Reserve
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a queued job the round looked at was not placed, and when it may start.
+
+    `public_reason` is for its tenant: it names no other tenant, job or internal score.
+    `reason` is the whole story, for operators. `position` is 1 for the next job to start
+    among those that compete for the same GPU types; `estimated_start` is the snapshot's
+    clock, or None when nothing is known (a job that could never fit)."""
+
+    job_id: Id
+    reason: str
+    public_reason: str
+    position: int | None
+    estimated_start: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """What one round decided, and (with `explain`) why every other looked-at job waits."""
+
+    decisions: list[Decision]
+    waiting: list[Waiting]

@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from celery import current_app
 from django.conf import settings
@@ -32,10 +32,11 @@ from django.db.models.functions import Now
 from apps.core import locks
 from apps.core.logging import job_log_context
 from apps.fleet.models import Gpu, NodeState, node_queue
+from apps.jobs import queue_state
 from apps.jobs.models import Attempt, GpuAssignment, Job, JobStatus
 from apps.jobs.services.lifecycle import transition
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
-from apps.scheduler.policy import TIERS, Decision, Place, Preempt, Reserve, schedule
+from apps.scheduler.policy import TIERS, Decision, Place, Preempt, Reserve, Waiting, schedule_round
 from apps.scheduler.services import metrics
 from apps.scheduler.services.decisions import (
     ACTOR,
@@ -98,10 +99,12 @@ def run_dispatch_tick() -> TickResult:
         fold_ended_attempts()  # fair share sees every attempt that ended before this tick
         snapshot = build_snapshot()
         policy_started = time.perf_counter()
-        decisions = schedule(snapshot.cluster)
+        round_ = schedule_round(snapshot.cluster)
+        decisions = round_.decisions
         metrics.POLICY_SECONDS.observe(time.perf_counter() - policy_started)
         result = TickResult(ran=True, queued_loaded=snapshot.queued_loaded)
         result.decisions = apply_decisions(decisions, tick=uuid.uuid4())
+        publish_queue_states(round_.waiting)
         _report_queue_depth(snapshot, result)
         metrics.report_tick(
             snapshot.cluster,
@@ -122,6 +125,27 @@ def run_dispatch_tick() -> TickResult:
             result.queued_loaded,
         )
     return result
+
+
+def publish_queue_states(waiting: list[Waiting]) -> int:
+    """Tell each waiting job's tenant where it stands (jobs.queue_state): position, why
+    it waits and its estimated start; the whole reason is kept for operators."""
+    return queue_state.publish(
+        (
+            str(w.job_id),
+            queue_state.QueueState(
+                position=w.position,
+                reason=w.public_reason,
+                estimated_start_at=(
+                    datetime.fromtimestamp(w.estimated_start, UTC)
+                    if w.estimated_start is not None
+                    else None
+                ),
+                detail=w.reason,
+            ),
+        )
+        for w in waiting
+    )
 
 
 def _report_queue_depth(snapshot, result: TickResult) -> None:

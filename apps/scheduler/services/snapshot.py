@@ -99,6 +99,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
             for pk, weight in Org.objects.filter(pk__in=org_ids).values_list("pk", "weight")
         }
         usage = _usage(db_now, held_by_owner, config)
+        runtime_ratio = _runtime_ratio()
     cluster = ClusterSnapshot(
         now=now,
         gpu_types=gpu_types,
@@ -109,10 +110,31 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         usage=usage,
         config=config,
         backlog=backlog,
+        runtime_ratio=runtime_ratio,
     )
     return DispatchSnapshot(
         cluster=cluster, db_now=db_now, queue_depth=depth, queued_loaded=len(queued)
     )
+
+
+# The median share of max_runtime_s that recent successful attempts ran (start-time
+# estimates expect a job to run that long); 1.0 while nothing finished lately.
+_RUNTIME_RATIO_SQL = f"""
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio) FROM (
+    SELECT extract(epoch FROM a.finished_at - a.started_at) / greatest(j.max_runtime_s, 1)
+           AS ratio
+      FROM {Attempt._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
+     WHERE a.started_at IS NOT NULL AND a.finished_at >= now() - interval '1 hour'
+       AND a.exit_class = 'succeeded'
+     ORDER BY a.finished_at DESC
+     LIMIT 200
+) AS recent
+"""  # noqa: S608 (table names from model metadata)
+
+
+def _runtime_ratio() -> float:
+    (ratio,) = _rows(_RUNTIME_RATIO_SQL)[0]
+    return 1.0 if ratio is None else min(1.0, max(0.01, float(ratio)))
 
 
 def _rows(sql: str, params=None) -> list[tuple]:

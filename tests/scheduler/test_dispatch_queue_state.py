@@ -1,0 +1,62 @@
+"""What a tenant reads about a queued job after a dispatch tick: position, reason, estimate."""
+
+import pytest
+from django.utils.dateparse import parse_datetime
+
+from apps.core.redis import redis_client
+from apps.jobs import queue_state
+from apps.jobs.models import JobStatus
+from apps.scheduler.services.dispatch import run_dispatch_tick
+from tests.conftest import client_with
+from tests.factories import OrgFactory, org_key
+from tests.scheduler.factories import JobFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_states():
+    keys = list(redis_client().scan_iter(queue_state.KEY.format("*")))
+    if keys:
+        redis_client().delete(*keys)
+
+
+def test_a_job_behind_a_busy_gpu_reads_its_position_reason_and_estimated_start():
+    NodeFactory(gpus=1)
+    theirs = JobFactory(max_runtime_s=600)
+    run_dispatch_tick()  # theirs takes the only GPU
+    org = OrgFactory()
+    first = JobFactory(org=org, max_runtime_s=300)
+    second = JobFactory(org=org, max_runtime_s=300)
+
+    run_dispatch_tick()
+
+    tenant = client_with(org_key(org))
+    body = tenant.get(f"/v1/jobs/{first.id}").json()
+    assert body["status"] == "queued"
+    assert body["queue"]["reason"] == "waiting for an H100: 1 of 1 busy"
+    assert body["queue"]["position"] == 1
+    first_start = parse_datetime(body["queue"]["estimated_start_at"])
+    later = tenant.get(f"/v1/jobs/{second.id}").json()["queue"]
+    assert later["position"] == 2
+    assert parse_datetime(later["estimated_start_at"]) > first_start
+    listed = {job["id"]: job["queue"] for job in tenant.get("/v1/jobs").json()["results"]}
+    assert listed[str(first.id)] == body["queue"]
+    assert str(theirs.id) not in body["queue"]["reason"]
+    assert str(theirs.org_id) not in body["queue"]["reason"]
+
+
+def test_a_job_no_tick_has_looked_at_says_so_and_a_running_one_has_no_queue():
+    NodeFactory(gpus=1)
+    org = OrgFactory()
+    waiting = JobFactory(org=org)
+    tenant = client_with(org_key(org))
+    assert tenant.get(f"/v1/jobs/{waiting.id}").json()["queue"] == {
+        "position": None,
+        "reason": "waiting to be looked at by the scheduler",
+        "estimated_start_at": None,
+    }
+    run_dispatch_tick()
+    waiting.refresh_from_db()
+    assert waiting.status == JobStatus.SCHEDULED
+    assert tenant.get(f"/v1/jobs/{waiting.id}").json()["queue"] is None

@@ -1,0 +1,97 @@
+"""Why a job waits, where it stands and when it should start: what the round explains."""
+
+import pytest
+
+from apps.scheduler.policy import schedule, schedule_round
+from apps.scheduler.policy.builders import allocation, job, node, snapshot
+
+NOW = 1000.0
+
+
+def waiting_of(result):
+    return {w.job_id: w for w in result.waiting}
+
+
+def test_a_job_behind_a_busy_gpu_says_so_and_expects_its_end():
+    pool = node("solo", gpus=1)
+    busy = allocation(
+        "r", pool, [0], tier="paid", org="secret-org", started_at=NOW - 30, max_runtime_s=100
+    )
+    queue = [job("mine", tier="paid", org="me", submitted_at=NOW - 5, max_runtime_s=60)]
+    result = schedule_round(snapshot([pool], queue, running=[busy], now=NOW))
+    mine = waiting_of(result)["mine"]
+    assert mine.public_reason == "waiting for an H100: 1 of 1 busy"
+    assert (mine.position, mine.estimated_start) == (1, NOW + 70)
+
+
+def test_positions_and_estimates_follow_the_order_of_service():
+    pool = node("pair", gpus=2)
+    held = [
+        allocation("r0", pool, [0], tier="paid", org="x", started_at=NOW, max_runtime_s=100),
+        allocation("r1", pool, [1], tier="paid", org="x", started_at=NOW, max_runtime_s=200),
+    ]
+    queue = [
+        job("first", tier="paid", org="a", submitted_at=1.0, max_runtime_s=50),
+        job("second", tier="paid", org="a", submitted_at=2.0, max_runtime_s=50),
+        job("third", tier="paid", org="a", submitted_at=3.0, max_runtime_s=50),
+    ]
+    waiting = waiting_of(schedule_round(snapshot([pool], queue, running=held, now=NOW)))
+    assert [waiting[j].position for j in ("first", "second", "third")] == [1, 2, 3]
+    assert [waiting[j].estimated_start for j in ("first", "second", "third")] == [
+        NOW + 100,
+        NOW + 150,
+        NOW + 200,
+    ]
+
+
+def test_observed_runtimes_shorten_the_estimate():
+    pool = node("solo", gpus=1)
+    busy = allocation("r", pool, [0], tier="paid", org="x", started_at=NOW, max_runtime_s=100)
+    snap = snapshot([pool], [job("mine", submitted_at=NOW)], running=[busy], now=NOW)
+    snap.runtime_ratio = 0.25
+    assert waiting_of(schedule_round(snap))["mine"].estimated_start == NOW + 25
+
+
+def test_a_job_no_node_can_hold_has_no_estimate():
+    queue = [job("huge", gpus=8, types=("H100",))]
+    waiting = waiting_of(schedule_round(snapshot([node("small", gpus=4)], queue, now=NOW)))
+    assert waiting["huge"].estimated_start is None
+    assert waiting["huge"].public_reason == "no active node has 8 GPUs of H100 on one node"
+
+
+def test_a_job_that_cannot_be_preempted_waits_for_its_tier_share():
+    pool = node("solo", gpus=1)
+    queue = [job("pinned", tier="free", preemptible=False)]
+    waiting = waiting_of(schedule_round(snapshot([pool], queue, now=NOW)))
+    assert "its tier's share" in waiting["pinned"].public_reason
+
+
+def test_the_tenant_reason_names_no_other_tenant_and_no_score():
+    pool = node("solo", gpus=1)
+    fresh = allocation(
+        "theirs",
+        pool,
+        [0],
+        tier="free",
+        org="their-org",
+        user="their-user",
+        started_at=NOW - 1,
+        job_id="their-job",
+    )
+    queue = [
+        job("urgent", tier="enterprise", org="me", submitted_at=NOW - 6),
+        job("later", tier="paid", org="me", submitted_at=NOW - 1),
+    ]
+    result = schedule_round(snapshot([pool], queue, running=[fresh], now=NOW))
+    for waiting in result.waiting:
+        for secret in ("their", "fair share", "0."):
+            assert secret not in waiting.public_reason, waiting
+    assert "their-job" in waiting_of(result)["urgent"].reason  # operators see it all
+
+
+@pytest.mark.parametrize("explain", [True, False])
+def test_explaining_changes_no_decision(explain):
+    pool = node("n8")
+    queue = [job(f"j{i}", gpus=3, submitted_at=i) for i in range(5)]
+    snap = snapshot([pool], queue, now=NOW)
+    assert schedule_round(snap, explain=explain).decisions == schedule(snap)
