@@ -15,7 +15,7 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
   a non-preemptible job never borrows;
 - usage half-life 30 min; aging 2 fair shares per hour of waiting within a tier, 0.25
   between tiers, 12 in the order reservations are granted;
-- preemption after enterprise 5 s, paid 60 s of waiting; free never preempts (except
+- preemption after enterprise 2 s, paid 60 s of waiting; free never preempts (except
   to reclaim borrowed GPUs); a job is preempted at most twice; no flat minimum runtime
   protects a victim (a job that just started has lost the least work, so it is the
   cheapest victim); thrash is bounded by the per-job cap, by victims being of a lower
@@ -80,7 +80,7 @@ class PolicyConfig:
     """The same between tiers, kept slow: floors and decaying usage already keep a tier
     from starving, and fast aging across tiers would turn tier weights into FIFO."""
     preemption_wait_s: Mapping[str, float | None] = field(
-        default_factory=_tier_map(enterprise=5.0, paid=60.0, free=None)
+        default_factory=_tier_map(enterprise=2.0, paid=60.0, free=None)
     )
     """How long a job of each tier waits before it may preempt; None = never preempts."""
     max_preemptions_per_job: int = 2

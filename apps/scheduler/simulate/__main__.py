@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SCENARIOS,
         default="steady",
         help="steady 2x overload; flood: + one customer's 10,000 jobs; spike: 10x arrivals "
-        "for 5 min; trace: replay --trace",
+        "for 5 min; bursty: short requests from thousands of tenants in bursts of up to 4x; "
+        "trace: replay --trace",
     )
     parser.add_argument(
         "--policy", choices=[*POLICIES, "all"], default="all", help="policy to run (all: each)"
@@ -38,7 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=3600.0, help="virtual seconds")
     parser.add_argument("--warmup", type=float, default=None, help="default: 15%% of duration")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--overload", type=float, default=2.0, help="offered demand / fleet")
+    parser.add_argument(
+        "--load",
+        "--overload",
+        dest="load",
+        type=float,
+        default=None,
+        help="offered load (work submitted / the fleet's GPU time): scales the arrivals "
+        "(default 2, bursty 1), or for a trace sizes the fleet (default: the fleet as given)",
+    )
     parser.add_argument("--flood-jobs", type=int, default=10_000)
     parser.add_argument(
         "--queue-quota",
@@ -73,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             trace_path=args.trace,
             trace_speedup=args.trace_speedup,
             trace_max_work_s=args.trace_max_work,
-            overload=args.overload,
+            overload=args.load,
             flood_jobs=args.flood_jobs,
             warmup_s=args.warmup,
             queue_quota=args.queue_quota,

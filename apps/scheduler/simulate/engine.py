@@ -8,8 +8,9 @@ or preempts a protected allocation raises `SimulationError` — the simulator do
 an invariant checker of the policy.
 
 Model:
-- a placed job runs for its remaining true work; GPUs freed between ticks stay idle
-  until the next tick (as with the real 1 s tick);
+- a placed job runs for its remaining true work; besides the 1 s tick, a submission and
+  a release of GPUs wake the dispatcher, which runs a round WAKE_LATENCY_S later (as
+  `wake_dispatcher` does on commit; wake-ups close together share one round);
 - jobs checkpoint every `checkpoint_every_s` of progress (some never do); a `Preempt`
   marks its victims stopping, they release their GPUs `stop_delay_s` later, and all
   progress since their last checkpoint is lost (GPU-seconds lost = that progress plus
@@ -50,6 +51,7 @@ from apps.scheduler.policy import (
     QueueBacklog,
     QueuedJob,
     Reserve,
+    RoundResult,
     RunningAllocation,
 )
 from apps.scheduler.policy.window import window_depth
@@ -57,11 +59,18 @@ from apps.scheduler.policy.window import window_depth
 from .fleet import FleetModel
 from .workload import JobSpec, Workload
 
-PolicyFunction = Callable[[ClusterSnapshot], list[Decision]]
+# A policy answers decisions, or a RoundResult whose start estimates the simulator scores.
+PolicyFunction = Callable[[ClusterSnapshot], list[Decision] | RoundResult]
+
+JAIN_WINDOW_S = 60  # Jain's index is taken over windows of this many ticks
+RUNTIME_SAMPLE = 200  # the runtime ratio is the median over this many recent finishes
 
 DEFAULT_QUEUE_QUOTA: dict[str, int | None] = {"free": 1, "paid": 8, "enterprise": None}
 
-_FINISH, _STOP = 0, 1
+_FINISH, _STOP, _WAKE = 0, 1, 2
+# A submission or a release wakes the dispatcher (as wake_dispatcher does): a round
+# runs this long after it, between the 1 s ticks; wake-ups within it share one round.
+WAKE_LATENCY_S = 0.05
 _ENTRY_ORDER = operator.itemgetter(0, 1)  # (submitted_at, sequence): never the job itself
 
 
@@ -82,6 +91,7 @@ class JobRecord:
     first_start: float | None = None
     finished_at: float | None = None
     preemptions: int = 0
+    estimated_start: float | None = None  # the first estimate the policy gave it
 
 
 @dataclass(slots=True)
@@ -110,6 +120,7 @@ class SimResult:
     total_gpus: int
     duration_s: float
     warmup_s: float
+    end_s: float  # the arrival window's end, or later when waiting jobs were drained
     jobs: list[JobRecord]
     utilisation: list[float]  # busy fraction of each 1 s interval
     work_queued: list[bool]  # whether jobs were waiting after that interval's tick
@@ -118,6 +129,9 @@ class SimResult:
     org_gpu_seconds: dict[str, float]  # GPU-seconds held within the measured window
     org_active_ticks: dict[str, int]  # ticks of the window with work queued or running
     window_ticks: int
+    # Per JAIN_WINDOW_S window of the measured time: tier -> {org: (mean GPUs held, mean
+    # GPUs wanted = held + queued)} over the orgs that had demand in it.
+    demand_windows: list[dict[str, dict[str, tuple[float, float]]]]
     preemptions: int  # Preempt victims within the window
     lost_gpu_seconds: float  # work lost to preemption within the window
     rejected: dict[str, int]  # submissions refused by the queue quota, per tier
@@ -141,6 +155,7 @@ class Simulation:
         warmup_s: float | None = None,
         queue_quota: Mapping[str, int | None] | None = None,
         stop_delay_s: float = 5.0,
+        drain_s: float = 0.0,
     ):
         self.fleet = fleet
         self.workload = workload
@@ -151,6 +166,7 @@ class Simulation:
         self.warmup = 0.15 * self.duration if warmup_s is None else float(warmup_s)
         self.quota = dict(DEFAULT_QUEUE_QUOTA if queue_quota is None else queue_quota)
         self.stop_delay = stop_delay_s
+        self.drain_s = float(drain_s)
 
         self.nodes: list[Node] = []
         self.gpu_by_id: dict[str, Gpu] = {}
@@ -195,6 +211,14 @@ class Simulation:
         self.lost_gpu_seconds = 0.0
         self.rejected = dict.fromkeys(TIERS, 0)
         self.policy_time = 0.0
+        self.org_tier = {org.name: org.tier for org in workload.orgs}
+        self.queued_gpus_by_org: dict[str, int] = {}
+        self.demand_windows: list[dict] = []
+        self._window_sums: dict[str, list[float]] = {}  # org -> [GPUs held, GPUs wanted]
+        self._window_ticks = 0
+        self.runtime_ratios: list[float] = []
+        self._wake_pending = False
+        self.wake_ups = True
 
     # -- main loop ---------------------------------------------------------------------
 
@@ -219,19 +243,15 @@ class Simulation:
                 self._close_interval(now)
             self._accrue_usage(now)
             if self.queue:
-                snapshot = self._snapshot(now)
-                began = time.perf_counter()
-                decisions = self.policy(snapshot)
-                self.policy_time += time.perf_counter() - began
-                self._apply(decisions, now)
+                self._round(now)
             self.work_queued.append(bool(self.queue))
             if now >= self.warmup:
                 self.window_ticks += 1
-                for org in self.workload.org_weights:
-                    if self.queued_by_org.get(org) or self.running_by_org.get(org):
-                        self.org_active_ticks[org] = self.org_active_ticks.get(org, 0) + 1
+                self._sample_demand()
         self._advance_to(self.duration, arrivals, next_arrival)
         self._close_interval(self.duration)
+        self._close_demand_window()
+        end = self._drain()
         for allocation in self.allocations.values():
             self._charge_window(allocation, self.duration)
         return SimResult(
@@ -241,6 +261,7 @@ class Simulation:
             total_gpus=self.total_gpus,
             duration_s=self.duration,
             warmup_s=self.warmup,
+            end_s=end,
             jobs=[state.record for state in self.jobs.values()],
             utilisation=self.utilisation,
             work_queued=self.work_queued,
@@ -249,6 +270,7 @@ class Simulation:
             org_gpu_seconds=self.org_gpu_seconds,
             org_active_ticks=self.org_active_ticks,
             window_ticks=self.window_ticks,
+            demand_windows=self.demand_windows,
             preemptions=self.preemptions,
             lost_gpu_seconds=self.lost_gpu_seconds,
             rejected=self.rejected,
@@ -274,13 +296,104 @@ class Simulation:
                 self._integrate(at)
                 if kind == _FINISH:
                     self._finish(allocation_id, at)
-                else:
+                    self._wake(at)
+                elif kind == _STOP:
                     self._stop(allocation_id, at)
+                    self._wake(at)
+                else:
+                    self._wake_pending = False
+                    if self.queue and at < self.duration and not float(at).is_integer():
+                        self._round(at)
             else:
                 self._submit(arrivals[next_arrival])
+                self._wake(arrivals[next_arrival].submit_at)
                 next_arrival += 1
         self._integrate(now)
         return next_arrival
+
+    def _drain(self) -> float:
+        """After the arrivals, keep scheduling (ticks and wake-ups, no new work) for up to
+        `drain_s` while jobs wait, so that their starts are seen; returns when it ended.
+        Nothing after the arrival window counts towards utilisation, preemptions or
+        work lost."""
+        now = self.duration
+        limit = self.duration + self.drain_s
+        tick = math.floor(self.duration) + 1.0
+        while self.queue and tick <= limit:
+            self._advance_to(tick, (), 0)
+            self._accrue_usage(tick)
+            if self.queue:
+                self._round(tick)
+            now = tick
+            tick += 1.0
+        return now
+
+    def _round(self, now: float) -> None:
+        """One dispatch round at `now`: the policy's decisions, applied."""
+        snapshot = self._snapshot(now)
+        began = time.perf_counter()
+        decisions = self.policy(snapshot)
+        self.policy_time += time.perf_counter() - began
+        if isinstance(decisions, RoundResult):
+            self._note_estimates(decisions)
+            decisions = decisions.decisions
+        self._apply(decisions, now)
+
+    def _wake(self, at: float) -> None:
+        if self.wake_ups and not self._wake_pending:
+            self._wake_pending = True
+            self._push(at + WAKE_LATENCY_S, _WAKE, "")
+
+    def _note_estimates(self, result: RoundResult) -> None:
+        """Keep the first start estimate of each job (what its tenant first read)."""
+        for waiting in result.waiting:
+            state = self.jobs.get(waiting.job_id)
+            if (
+                state is not None
+                and state.record.estimated_start is None
+                and state.record.first_start is None
+                and waiting.estimated_start is not None
+            ):
+                state.record.estimated_start = waiting.estimated_start
+
+    def _sample_demand(self) -> None:
+        """One tick of each org's GPUs held and wanted (held + queued), for the windowed,
+        demand-aware Jain's index; orgs without demand are not sampled."""
+        sums = self._window_sums
+        for org, held in self.running_by_org.items():
+            if held:
+                entry = sums.setdefault(org, [0.0, 0.0])
+                entry[0] += held
+                entry[1] += held
+        for org, queued in self.queued_gpus_by_org.items():
+            if queued:
+                sums.setdefault(org, [0.0, 0.0])[1] += queued
+                self.org_active_ticks[org] = self.org_active_ticks.get(org, 0) + 1
+        for org, held in self.running_by_org.items():
+            if held and not self.queued_gpus_by_org.get(org):
+                self.org_active_ticks[org] = self.org_active_ticks.get(org, 0) + 1
+        self._window_ticks += 1
+        if self._window_ticks >= JAIN_WINDOW_S:
+            self._close_demand_window()
+
+    def _close_demand_window(self) -> None:
+        if not self._window_ticks:
+            return
+        window: dict[str, dict[str, tuple[float, float]]] = {}
+        ticks = self._window_ticks
+        for org, (held, wanted) in self._window_sums.items():
+            tier = self.org_tier.get(org, "free")
+            window.setdefault(tier, {})[org] = (held / ticks, wanted / ticks)
+        self.demand_windows.append(window)
+        self._window_sums = {}
+        self._window_ticks = 0
+
+    def runtime_ratio(self) -> float:
+        """The median share of max_runtime_s that recently finished jobs ran (1.0 at first)."""
+        ratios = self.runtime_ratios
+        if not ratios:
+            return 1.0
+        return sorted(ratios)[len(ratios) // 2]
 
     def _integrate(self, at: float) -> None:
         if at > self._clock:
@@ -318,6 +431,7 @@ class Simulation:
             usage=self.usage.snapshot(now),
             config=self.config,
             backlog=backlog,
+            runtime_ratio=self.runtime_ratio(),
         )
 
     def _queue_window(self) -> tuple[list[QueuedJob], dict[tuple[str, str], QueueBacklog]]:
@@ -396,6 +510,9 @@ class Simulation:
         totals = self.queued_totals.setdefault((spec.tier, spec.org), [0, 0])
         totals[0] += 1
         totals[1] += spec.gpu_count
+        self.queued_gpus_by_org[spec.org] = (
+            self.queued_gpus_by_org.get(spec.org, 0) + spec.gpu_count
+        )
 
     def _dequeue(self, state: _JobState) -> None:
         spec = state.spec
@@ -413,6 +530,7 @@ class Simulation:
         totals = self.queued_totals[(spec.tier, spec.org)]
         totals[0] -= 1
         totals[1] -= spec.gpu_count
+        self.queued_gpus_by_org[spec.org] -= spec.gpu_count
 
     def _release(self, allocation: _Allocation, at: float) -> None:
         del self.allocations[allocation.record.id]
@@ -437,6 +555,10 @@ class Simulation:
             return  # stopped earlier by a preemption
         self._release(allocation, at)
         allocation.job.record.finished_at = at
+        spec = allocation.job.spec
+        self.runtime_ratios.append(spec.work_s / spec.max_runtime_s if spec.max_runtime_s else 1.0)
+        if len(self.runtime_ratios) > RUNTIME_SAMPLE:
+            del self.runtime_ratios[0]
 
     def _stop(self, allocation_id: str, at: float) -> None:
         allocation = self.allocations.get(allocation_id)
@@ -447,7 +569,7 @@ class Simulation:
         every = state.spec.checkpoint_every_s
         saved = math.floor(progress / every) * every if every else 0.0
         lost = (progress - saved) * len(allocation.gpus)
-        if at >= self.warmup:
+        if self.warmup <= at < self.duration:
             self.lost_gpu_seconds += lost
         self._release(allocation, at)
         state.done_work += saved
@@ -547,7 +669,7 @@ class Simulation:
             if now - record.started_at < self.config.min_runtime_before_preemption_s:
                 raise SimulationError(f"{decision}: victim is still protected")
             record.stopping = True
-            if now >= self.warmup:
+            if self.warmup <= now < self.duration:
                 self.preemptions += 1
             self._push(now + self.stop_delay, _STOP, allocation_id)
         claimant.queued.claimed_node = decision.node

@@ -21,6 +21,22 @@ class FleetModel:
     def total_gpus(self) -> int:
         return sum(len(gpus) for _, gpus in self.nodes)
 
+    def scaled_to(self, gpus: int) -> FleetModel:
+        """`gpus` GPUs with the same mix: this fleet's nodes in turn (copies named
+        `<node>~<n>` once they run out), the last one cut to size."""
+        if gpus < 1:
+            raise ValueError("a fleet needs at least one GPU")
+        nodes, total, copy = [], 0, 0
+        while total < gpus:
+            for name, kinds in self.nodes:
+                if total >= gpus:
+                    break
+                kinds = kinds[: gpus - total]
+                nodes.append((name if copy == 0 else f"{name}~{copy}", kinds))
+                total += len(kinds)
+            copy += 1
+        return FleetModel(gpu_types=self.gpu_types, nodes=tuple(nodes))
+
     def describe(self) -> str:
         by_type: dict[str, int] = {}
         for _, gpus in self.nodes:

@@ -4,12 +4,18 @@ Definitions (all over the measured window [warm-up, end)):
 
 - utilisation while work is queued: GPU-seconds held / GPU-seconds available, over the
   1 s intervals after whose tick some job was still waiting;
-- start wait: first start − submission, for admitted jobs submitted in the window; a job
-  still waiting at the end counts with its wait so far (a lower bound), so "max" is the
-  longest any job has waited, started or not;
-- Jain's index per tier: x_i = GPU-seconds_i / weight_i over the orgs of the tier that
-  had demand throughout (work queued or running during ≥ 95 % of the window's ticks),
-  J = (Σx)² / (n Σx²); 1 means GPU-seconds exactly follow weights;
+- start wait: first start − submission, for admitted jobs submitted in the window (their
+  starts are followed into the drain after it, if the run has one); a job still waiting
+  at the end counts with its wait so far (a lower bound), so "max" is the longest any
+  job has waited, started or not;
+- Jain's index per tier, time-weighted: the measured time is cut into 60 s windows; in
+  each, over the orgs of the tier that had demand (work queued or running), x_i = the
+  GPUs org i held on average / its max-min fair share of what the tier held (water-fill
+  by org weights, capped by what the org wanted: held + queued), J = (Σx)² / (n Σx²);
+  the index is the mean over the windows where at least two orgs had demand, so it is
+  defined on bursty traces of many small tenants; 1 means every org got its fair share;
+- start-time estimates: |actual first start − the first estimate the job's tenant
+  read|, over the jobs that got one;
 - work lost: GPU-seconds of progress destroyed by preemption (since the victims' last
   checkpoint, plus their stop delay), also as a share of all GPU time in the window.
 """
@@ -21,11 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apps.scheduler.policy import TIERS
+from apps.scheduler.policy import TIERS, water_fill
 
 from .engine import JobRecord, SimResult
-
-DEMAND_THROUGHOUT = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +53,14 @@ class Summary:
     utilisation_while_queued: float
     waits: dict[str, WaitStats]
     jain: dict[str, tuple[float | None, int]]  # tier -> (index, orgs counted)
+    jain_throughout: dict[str, tuple[float | None, int]]  # the earlier definition
     preemptions: int
     lost_gpu_seconds: float
     lost_fraction: float
     admitted: int
     rejected: int
     started: int
+    eta_error: tuple[float, float, int] | None  # (p50, p90, jobs) of |start - estimate|
     cpu_time_s: float
     policy_time_s: float
 
@@ -80,7 +86,7 @@ def wait_stats(
             continue
         if record.first_start is None:
             still_waiting += 1
-            waits.append(result.duration_s - record.submit_at)
+            waits.append(result.end_s - record.submit_at)
         else:
             waits.append(record.first_start - record.submit_at)
     if not waits:
@@ -96,15 +102,54 @@ def wait_stats(
 
 
 def tier_jain(result: SimResult, tier: str) -> tuple[float | None, int]:
+    """Time-weighted Jain's index of the tier (see the module docstring), and the most
+    orgs with demand in any one window."""
+    indexes, most = [], 0
+    for window in result.demand_windows:
+        orgs = window.get(tier, {})
+        if len(orgs) < 2:
+            continue
+        most = max(most, len(orgs))
+        held = {org: h for org, (h, _) in orgs.items()}
+        wanted = {org: w for org, (_, w) in orgs.items()}
+        weights = {org: result.org_weight.get(org, 1.0) for org in orgs}
+        fair = water_fill(sum(held.values()), wanted, weights)
+        shares = [held[org] / fair[org] for org in orgs if fair.get(org, 0.0) > 1e-9]
+        index = jain_index(shares)
+        if index is not None:
+            indexes.append(index)
+    if not indexes:
+        return None, most
+    return float(np.mean(indexes)), most
+
+
+def tier_jain_throughout(result: SimResult, tier: str) -> tuple[float | None, int]:
+    """The earlier definition, kept for comparison with earlier reports: x_i = GPU-seconds
+    / weight over the whole window, over the orgs with demand during >= 95 % of its
+    ticks (undefined on traces where few orgs have demand that long)."""
     if not result.window_ticks:
         return None, 0
     shares = [
         result.org_gpu_seconds.get(org, 0.0) / result.org_weight.get(org, 1.0)
         for org, org_tier in result.org_tier.items()
-        if org_tier == tier
-        and result.org_active_ticks.get(org, 0) >= DEMAND_THROUGHOUT * result.window_ticks
+        if org_tier == tier and result.org_active_ticks.get(org, 0) >= 0.95 * result.window_ticks
     ]
     return jain_index(shares), len(shares)
+
+
+def eta_error(result: SimResult) -> tuple[float, float, int] | None:
+    errors = [
+        abs(record.first_start - record.estimated_start)
+        for record in result.jobs
+        if record.admitted
+        and result.warmup_s <= record.submit_at < result.duration_s
+        and record.first_start is not None
+        and record.estimated_start is not None
+    ]
+    if not errors:
+        return None
+    values = np.asarray(errors)
+    return float(np.percentile(values, 50)), float(np.percentile(values, 90)), len(errors)
 
 
 def utilisation_while_queued(result: SimResult) -> float:
@@ -127,12 +172,14 @@ def summarize(result: SimResult) -> Summary:
         utilisation_while_queued=utilisation_while_queued(result),
         waits={tier: wait_stats(result, lambda r, t=tier: r.tier == t) for tier in TIERS},
         jain={tier: tier_jain(result, tier) for tier in TIERS},
+        jain_throughout={tier: tier_jain_throughout(result, tier) for tier in TIERS},
         preemptions=result.preemptions,
         lost_gpu_seconds=result.lost_gpu_seconds,
         lost_fraction=result.lost_gpu_seconds / gpu_time if gpu_time else 0.0,
         admitted=len(admitted),
         rejected=sum(result.rejected.values()),
         started=sum(1 for r in admitted if r.first_start is not None),
+        eta_error=eta_error(result),
         cpu_time_s=result.cpu_time_s,
         policy_time_s=result.policy_time_s,
     )
@@ -148,7 +195,10 @@ def format_table(summaries: list[Summary]) -> str:
         + " | ".join(f"{tier} wait p50 / p95 / max (s)" for tier in TABLE_TIERS)
         + " | Jain "
         + " / ".join(TABLE_TIERS)
-        + " | preemptions | work lost GPU-h (% of GPU time) | admitted / rejected | sim CPU s |"
+        + " | waiting at end "
+        + " / ".join(TABLE_TIERS)
+        + " | preemptions | work lost GPU-h (% of GPU time) | admitted / rejected"
+        + " | start estimate error p50 / p90 (s) | sim CPU s |"
     )
     rule = "|" + "---|" * (header.count("|") - 1)
     rows = [header, rule]
@@ -156,15 +206,26 @@ def format_table(summaries: list[Summary]) -> str:
         jain = " / ".join(
             "–" if s.jain[tier][0] is None else f"{s.jain[tier][0]:.3f}" for tier in TABLE_TIERS
         )
+        waiting = " / ".join(str(s.waits[tier].still_waiting) for tier in TABLE_TIERS)
+        estimate = "–" if s.eta_error is None else f"{s.eta_error[0]:.0f} / {s.eta_error[1]:.0f}"
         rows.append(
             f"| {s.policy} | {s.utilisation_while_queued:.1%} | "
             + " | ".join(s.waits[tier].cell() for tier in TABLE_TIERS)
-            + f" | {jain} | {s.preemptions} | "
+            + f" | {jain} | {waiting} | {s.preemptions} | "
             f"{s.lost_gpu_seconds / 3600:.1f} ({s.lost_fraction:.2%}) | "
-            f"{s.admitted} / {s.rejected} | {s.cpu_time_s:.0f} |"
+            f"{s.admitted} / {s.rejected} | {estimate} | {s.cpu_time_s:.0f} |"
         )
     return "\n".join(rows)
 
 
+def jain_throughout_cell(summary: Summary) -> str:
+    return " / ".join(
+        "–" if value is None else f"{value:.3f} ({orgs} orgs)"
+        for value, orgs in (summary.jain_throughout[tier] for tier in TABLE_TIERS)
+    )
+
+
 def jain_counts(summary: Summary) -> str:
-    return ", ".join(f"{tier} {summary.jain[tier][1]} orgs" for tier in TABLE_TIERS)
+    return ", ".join(
+        f"{tier} up to {summary.jain[tier][1]} orgs with demand per window" for tier in TABLE_TIERS
+    )

@@ -6,19 +6,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apps.scheduler.policy import PolicyConfig, schedule
+from apps.scheduler.policy import PolicyConfig, schedule_round
 
 from . import baselines, workload
 from .engine import PolicyFunction, SimResult, Simulation
 from .fleet import FleetModel, fleet_from_file, synthetic_fleet
-from .metrics import Summary, format_table, jain_counts, summarize, wait_stats
+from .metrics import (
+    Summary,
+    format_table,
+    jain_counts,
+    jain_throughout_cell,
+    summarize,
+    wait_stats,
+)
 
 POLICIES: dict[str, PolicyFunction] = {
-    "fair": schedule,
+    "fair": schedule_round,  # with its start estimates, which the report scores
     "fifo": baselines.fifo,
     "strict": baselines.strict_priority,
 }
-SCENARIOS = ("steady", "flood", "spike", "trace")
+SCENARIOS = ("steady", "flood", "spike", "bursty", "trace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,9 @@ class ScenarioReport:
     flood: list[FloodImpact] = field(default_factory=list)
     baseline_results: list[SimResult] = field(default_factory=list)  # flood: without it
     plots: list[Path] = field(default_factory=list)
+    offered_load: float = 0.0
+    offered_gpu_hours: float = 0.0
+    warmup_jobs: int = 0
 
     def text(self) -> str:
         lines = [f"scenario: {self.scenario} — fleet: {self.fleet.describe()}"]
@@ -55,10 +65,24 @@ class ScenarioReport:
             first = self.results[0]
             lines.append(
                 f"virtual time: {first.duration_s:.0f} s, measured after a "
-                f"{first.warmup_s:.0f} s warm-up"
+                f"{first.warmup_s:.0f} s warm-up ({self.warmup_jobs} jobs submitted in it)"
+                + (
+                    f"; waiting jobs followed up to {max(r.end_s for r in self.results):.0f} s"
+                    if any(r.end_s > r.duration_s for r in self.results)
+                    else ""
+                )
+            )
+            lines.append(
+                f"offered load over the measured window: {self.offered_load:.2f}x the fleet "
+                f"({self.offered_gpu_hours:,.1f} GPU-h of work submitted in it)"
             )
         lines += ["", format_table(self.summaries), ""]
         lines += [f"Jain orgs counted ({s.policy}): {jain_counts(s)}" for s in self.summaries]
+        lines += [
+            f"Jain over the orgs with demand throughout, the earlier definition ({s.policy}): "
+            f"{jain_throughout_cell(s)}"
+            for s in self.summaries
+        ]
         if self.flood:
             lines += [
                 "",
@@ -93,6 +117,8 @@ def build_workload(
     trace_max_work_s: float = 3600.0,
 ) -> workload.Workload:
     types, total = fleet.gpu_types, fleet.total_gpus
+    if scenario == "bursty":
+        return workload.bursty(types, total, duration_s, seed, load=overload)
     if scenario == "steady":
         return workload.steady(types, total, duration_s, seed, overload)
     if scenario == "flood":
@@ -117,17 +143,26 @@ def run_scenario(
     trace_path: str | Path | None = None,
     trace_speedup: float | None = None,
     trace_max_work_s: float = 3600.0,
-    overload: float = 2.0,
+    overload: float | None = None,
     flood_jobs: int = 10_000,
     warmup_s: float | None = None,
     queue_quota: Mapping[str, int | None] | None = None,
     config: PolicyConfig | None = None,
     out_dir: str | Path | None = None,
+    drain_s: float | None = None,
 ) -> ScenarioReport:
+    """Run `scenario` under each of `policies`. `overload` is the offered load (work
+    submitted over the fleet's GPU time): for the synthetic scenarios it scales the
+    arrivals (default 2x, bursty 1x); for a trace it sizes the fleet so that the work
+    submitted in the measured window is that many times the fleet (default: the fleet as
+    given)."""
     if scenario == "trace" and not fleet_file and trace_path:
         beside = Path(trace_path).with_name(f"{Path(trace_path).stem}-fleet.json")
         fleet_file = beside if beside.exists() else None
     fleet = build_fleet(gpus, fleet_file)
+    if overload is None and scenario != "trace":
+        overload = 1.0 if scenario == "bursty" else 2.0
+    warmup = 0.15 * duration_s if warmup_s is None else warmup_s
     load = build_workload(
         scenario,
         fleet,
@@ -139,8 +174,14 @@ def run_scenario(
         trace_speedup=trace_speedup,
         trace_max_work_s=trace_max_work_s,
     )
-    if scenario == "trace" and queue_quota is None:
-        queue_quota = {}  # a replay admits everything the trace submitted
+    if scenario == "trace" and overload is not None:
+        offered = load.offered_gpu_seconds(warmup, duration_s)
+        fleet = fleet.scaled_to(max(1, round(offered / ((duration_s - warmup) * overload))))
+        load.notes.append(f"fleet sized for {overload:g}x offered load: {fleet.describe()}")
+    if scenario in ("trace", "bursty") and queue_quota is None:
+        queue_quota = {}  # a replay of real requests admits everything that was submitted
+    if drain_s is None:  # follow a replay's waiting jobs to their starts (bounded)
+        drain_s = duration_s if scenario in ("trace", "bursty") else 0.0
 
     def simulate(work: workload.Workload, name: str) -> SimResult:
         return Simulation(
@@ -152,6 +193,7 @@ def run_scenario(
             duration_s=duration_s,
             warmup_s=warmup_s,
             queue_quota=queue_quota,
+            drain_s=drain_s,
         ).run()
 
     results = [simulate(load, name) for name in policies]
@@ -161,9 +203,12 @@ def run_scenario(
         notes=load.notes,
         results=results,
         summaries=[summarize(r) for r in results],
+        offered_load=load.offered_load(fleet.total_gpus, warmup, duration_s),
+        offered_gpu_hours=load.offered_gpu_seconds(warmup, duration_s) / 3600,
+        warmup_jobs=sum(1 for job in load.jobs if job.submit_at < warmup),
     )
     if scenario == "flood":
-        base = build_workload("steady", fleet, duration_s, seed, overload=overload)
+        base = build_workload("steady", fleet, duration_s, seed, overload=overload or 2.0)
         report.baseline_results = [simulate(base, name) for name in policies]
         for flooded, plain in zip(results, report.baseline_results, strict=True):
             report.flood.append(_flood_impact(flooded, plain, load.flood_org, load.flood_at))

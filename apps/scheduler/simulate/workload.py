@@ -8,7 +8,12 @@
 - `flood`: `steady` plus one extra enterprise customer that submits `flood_jobs` jobs at
   one instant.
 - `spike`: `steady` plus a burst during which arrivals run at `factor` × the steady rate.
-- `trace`: a replay of a CSV in the neutral trace format (see /work/shared/traces).
+- `bursty`: what a real generation service sees: short single-GPU requests (median 23 s,
+  p99 about 2 min), thousands of small tenants with a handful of requests each and a
+  few heavy ones, and demand that swings between nothing and about 4x the fleet within
+  minutes; `load` sets the mean offered load.
+- `trace`: a replay of a CSV in the neutral trace format (`submit_s,duration_s,
+  gpu_count,gpu_types,tier,org,user,preemptible`).
 
 Every random stream is seeded from `seed`, and the extra load of `flood` and `spike`
 comes from separate streams, so with the same seed they contain exactly the jobs of
@@ -74,8 +79,14 @@ class Workload:
     def org_weights(self) -> dict[str, float]:
         return {org.name: org.weight for org in self.orgs}
 
-    def offered_gpu_seconds(self) -> float:
-        return sum(job.gpu_count * job.work_s for job in self.jobs)
+    def offered_gpu_seconds(self, start: float = 0.0, end: float = math.inf) -> float:
+        """GPU-seconds of work submitted in [start, end)."""
+        return sum(job.gpu_count * job.work_s for job in self.jobs if start <= job.submit_at < end)
+
+    def offered_load(self, total_gpus: int, start: float, end: float) -> float:
+        """Work submitted in [start, end) over the fleet's GPU-seconds in it."""
+        span = (end - start) * total_gpus
+        return self.offered_gpu_seconds(start, end) / span if span > 0 else 0.0
 
 
 def mean_gpu_seconds_per_job() -> float:
@@ -289,7 +300,7 @@ def trace(
     dropped = 0
     for i, row in enumerate(rows):
         submit = (float(row["submit_s"]) - first) / speedup
-        if submit >= duration_s:
+        if submit > duration_s:  # a trace that exactly fills the window keeps its last row
             continue
         types = tuple(dict.fromkeys(t for t in row["gpu_types"].split("|") if t))
         if types and not any(t in known for t in types):
@@ -330,3 +341,84 @@ def trace(
         + (f", {dropped} rows dropped (GPU types not in the fleet)" if dropped else ""),
     ]
     return Workload(name="trace", jobs=jobs, orgs=org_specs, notes=notes)
+
+
+# The bursty scenario: request shape and tenants (a replay of short generation requests).
+BURSTY_MEDIAN_WORK_S = 23.0
+BURSTY_SIGMA = 0.71  # log-normal: p99 = median * e^(2.33 sigma) ≈ 2 min
+BURSTY_TIER_ORGS = {ENTERPRISE: 0.03, PAID: 0.22, FREE: 0.75}  # share of the tenants
+BURSTY_TIER_DEMAND = {ENTERPRISE: 0.15, PAID: 0.35, FREE: 0.50}  # share of the work
+BURSTY_HEAVY_ORGS = 6  # a few tenants send a large part of their tier's work
+BURSTY_HEAVY_SHARE = 0.4
+BURSTY_PREEMPTIBLE = {ENTERPRISE: 0.7, PAID: 0.9, FREE: 1.0}
+BURSTY_MAX_LEVEL = 4.0  # demand peaks at about 4x the fleet
+
+
+def bursty(
+    gpu_types: Sequence[GpuType],
+    total_gpus: int,
+    duration_s: float,
+    seed: int,
+    load: float = 1.0,
+) -> Workload:
+    """Bursts of short requests from many small tenants (see the module docstring).
+
+    Demand follows segments of 1 to 8 minutes, each at a level drawn between 0 and
+    BURSTY_MAX_LEVEL (a quarter of them quiet), and the arrival rate is scaled so that
+    the mean offered load is `load` × the fleet."""
+    rng = random.Random(f"bursty-{seed}")
+    tenants = max(200, min(4000, 4 * total_gpus))
+    orgs: list[OrgSpec] = []
+    for tier in (ENTERPRISE, PAID, FREE):
+        for i in range(max(2, round(tenants * BURSTY_TIER_ORGS[tier]))):
+            name = f"{tier[:3]}-{i:04d}"
+            orgs.append(OrgSpec(name=name, tier=tier, weight=1.0, users=(f"{name}-u0",)))
+    # Demand: segments of random length and level, mean 1 before scaling.
+    segments, t = [], 0.0
+    while t < duration_s:
+        length = rng.uniform(60.0, 480.0)
+        level = 0.0 if rng.random() < 0.25 else rng.uniform(0.2, BURSTY_MAX_LEVEL)
+        segments.append((t, min(duration_s, t + length), level))
+        t += length
+    # Normalised over the measured window (after the default 15 % warm-up).
+    measured = 0.15 * duration_s
+    mean_level = sum(
+        (end - max(start, measured)) * level for start, end, level in segments if end > measured
+    ) / (duration_s - measured)
+    mean_work = BURSTY_MEDIAN_WORK_S * math.exp(BURSTY_SIGMA**2 / 2)  # log-normal mean
+    mean_gpus = 0.95 * 1 + 0.05 * 2
+    # jobs per second at level 1 that offer `load` × the fleet on average
+    unit_rate = load * total_gpus / (mean_work * mean_gpus) / max(mean_level, 1e-9)
+    by_tier = {tier: [o for o in orgs if o.tier == tier] for tier in TIERS}
+    heavy = {tier: by_tier[tier][: max(1, BURSTY_HEAVY_ORGS // 3)] for tier in TIERS}
+    names = [t.name for t in sorted(gpu_types, key=lambda t: (-t.price_per_gpu_hour, t.name))]
+    jobs: list[JobSpec] = []
+    for start, end, level in segments:
+        for submit in _poisson_times(rng, unit_rate * level, start, end):
+            tier = rng.choices(TIERS, weights=[BURSTY_TIER_DEMAND[x] for x in TIERS])[0]
+            pool = heavy[tier] if rng.random() < BURSTY_HEAVY_SHARE else by_tier[tier]
+            org = rng.choice(pool)
+            work = max(1.0, BURSTY_MEDIAN_WORK_S * math.exp(rng.gauss(0.0, BURSTY_SIGMA)))
+            preemptible = rng.random() < BURSTY_PREEMPTIBLE[tier]
+            jobs.append(
+                JobSpec(
+                    id=f"b{len(jobs)}",
+                    submit_at=submit,
+                    tier=tier,
+                    org=org.name,
+                    user=org.users[0],
+                    gpu_count=2 if rng.random() < 0.05 else 1,
+                    max_runtime_s=max(60.0, math.ceil(work * rng.uniform(1.5, 4.0))),
+                    work_s=work,
+                    gpu_types=tuple(names[:1]) if rng.random() < 0.2 else (),
+                    preemptible=preemptible,
+                    checkpoint_every_s=10.0 if preemptible and rng.random() < 0.5 else None,
+                )
+            )
+    jobs.sort(key=lambda j: (j.submit_at, j.id))
+    notes = [
+        f"bursty: {len(jobs)} short requests (median {BURSTY_MEDIAN_WORK_S:.0f} s) from "
+        f"{len(orgs)} tenants, demand in segments of 1-8 min between 0 and "
+        f"~{BURSTY_MAX_LEVEL:g}x the fleet, scaled to a mean of {load:g}x"
+    ]
+    return Workload(name="bursty", jobs=jobs, orgs=orgs, notes=notes)

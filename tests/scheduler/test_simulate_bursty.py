@@ -1,0 +1,58 @@
+"""The simulator on bursty reality: short requests from many tenants, offered load as
+asked, every row of a trace kept, waiting jobs followed, estimates scored."""
+
+import statistics
+
+from apps.scheduler.simulate import run_scenario, synthetic_fleet
+from apps.scheduler.simulate.workload import bursty, trace
+
+HEADER = "submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible"
+
+
+def test_the_bursty_workload_is_short_requests_from_many_tenants_at_the_load_asked():
+    fleet = synthetic_fleet(16)
+    load = bursty(fleet.gpu_types, fleet.total_gpus, 3600.0, seed=3, load=1.5)
+    works = [job.work_s for job in load.jobs]
+    assert 18 <= statistics.median(works) <= 28
+    assert len({job.org for job in load.jobs}) >= 150
+    offered = load.offered_load(fleet.total_gpus, 540.0, 3600.0)
+    assert 1.0 <= offered <= 2.0, offered
+    # Bursts: some minutes see no arrivals, others several times the mean.
+    per_minute = [0] * 60
+    for job in load.jobs:
+        per_minute[int(job.submit_at // 60)] += 1
+    assert min(per_minute) == 0 and max(per_minute) >= 2 * statistics.mean(per_minute)
+
+
+def test_a_bursty_run_follows_every_job_to_its_start_and_scores_the_estimates():
+    report = run_scenario("bursty", ["fair", "strict"], gpus=16, duration_s=900.0, overload=0.7)
+    text = report.text()
+    assert "offered load over the measured window" in text
+    for summary in report.summaries:
+        assert summary.started == summary.admitted  # drained: nobody left waiting
+        assert all(stats.still_waiting == 0 for stats in summary.waits.values())
+    fair = report.summaries[0]
+    assert fair.eta_error is not None and fair.eta_error[2] > 0
+    assert fair.jain["free"][0] is not None  # defined although most tenants are small
+    assert fair.utilisation_while_queued >= 0.95
+
+
+def test_a_trace_that_exactly_fills_the_window_keeps_its_last_row(tmp_path):
+    path = tmp_path / "trace.csv"
+    rows = [HEADER] + [f"{i * 10},30,1,,paid,org-{i % 3},u{i},false" for i in range(11)]
+    path.write_text("\n".join(rows) + "\n")
+    fleet = synthetic_fleet(8)
+    load = trace(path, fleet.gpu_types, duration_s=100.0)
+    assert len(load.jobs) == 11
+    assert max(job.submit_at for job in load.jobs) == 100.0
+
+
+def test_load_sizes_the_fleet_of_a_trace(tmp_path):
+    path = tmp_path / "trace.csv"
+    rows = [HEADER] + [f"{i * 5},60,1,,free,org-{i % 5},u{i % 5},true" for i in range(200)]
+    path.write_text("\n".join(rows) + "\n")
+    report = run_scenario(
+        "trace", ["fifo"], gpus=64, trace_path=path, duration_s=1000.0, overload=2.0
+    )
+    assert 1.6 <= report.offered_load <= 2.4, report.offered_load
+    assert any("sized for 2x" in note for note in report.notes)
