@@ -49,7 +49,8 @@ def test_an_enterprise_job_preempts_a_free_job_that_started_a_second_ago():
 def test_enterprise_waits_its_threshold_before_preempting():
     pool = one_gpu_pool()
     fresh = allocation("fresh", pool, [0], tier="free", org="f", started_at=NOW - 1)
-    urgent = job("urgent", tier="enterprise", org="e", submitted_at=NOW - 2)
+    threshold = PolicyConfig().preemption_wait_s["enterprise"]
+    urgent = job("urgent", tier="enterprise", org="e", submitted_at=NOW - threshold + 0.5)
     assert preempts(schedule(snapshot([pool], [urgent], running=[fresh], now=NOW))) == []
 
 
