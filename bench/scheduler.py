@@ -52,6 +52,7 @@ from apps.scheduler.policy import (
     UsageSnapshot,
     queue_window,
     schedule,
+    schedule_round,
 )
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
@@ -152,7 +153,10 @@ def time_rounds(snaps: dict, repeat: int) -> dict:
     The snapshots take turns, round after round, so that a slow spell of a shared
     machine hits every queue size alike; each round starts after a full collection."""
     clock = time.process_time
-    timings = {key: {"totals": [], "indexes": [], "queues": [], "decisions": []} for key in snaps}
+    timings = {
+        key: {"totals": [], "explained": [], "indexes": [], "queues": [], "decisions": []}
+        for key in snaps
+    }
     for _ in range(repeat):
         for key, snap in snaps.items():
             timing = timings[key]
@@ -160,6 +164,13 @@ def time_rounds(snaps: dict, repeat: int) -> dict:
             began = clock()
             timing["decisions"] = schedule(snap)
             timing["totals"].append(clock() - began)
+
+            # What the dispatch tick runs: the round, and why each other job waits,
+            # its position and its estimated start.
+            gc.collect()
+            began = clock()
+            schedule_round(snap, explain=True)
+            timing["explained"].append(clock() - began)
 
             gc.collect()
             gc.disable()  # as inside `schedule`
@@ -183,6 +194,7 @@ def time_rounds(snaps: dict, repeat: int) -> dict:
     return {
         key: {
             "median": statistics.median(t["totals"]),
+            "explained": statistics.median(t["explained"]),
             "best": min(t["totals"]),
             "read": statistics.median(t["indexes"]) + statistics.median(t["queues"]),
             "queue_read": statistics.median(t["queues"]),
@@ -241,7 +253,7 @@ def main(argv=None) -> int:
     print(
         f"{'queued':>8} {'listed':>7} {'place':>6} {'preempt':>7} {'reserve':>7} {'round ms':>9} "
         f"{'decisions/s':>11} {'best':>7} {'µs/decision':>11} {'read ms':>8} "
-        f"{'µs/listed job read':>18} {'µs/decision after read':>23}"
+        f"{'µs/listed job read':>18} {'µs/decision after read':>23} {'round+explain ms':>16}"
     )
     rows = []
     for size in sorted(args.queued):
@@ -257,7 +269,7 @@ def main(argv=None) -> int:
             f"{total * 1e3:>9.1f} {count / total:>11,.0f} {count / timing['best']:>7,.0f} "
             f"{total / count * 1e6:>11.1f} {timing['read'] * 1e3:>8.1f} "
             f"{timing['queue_read'] / len(snap.queued) * 1e6:>18.2f} "
-            f"{decide / count * 1e6:>23.1f}"
+            f"{decide / count * 1e6:>23.1f} {timing['explained'] * 1e3:>16.1f}"
         )
     if len(rows) > 1:
         (small, small_total, small_decide), (large, large_total, large_decide) = rows[0], rows[-1]

@@ -245,6 +245,9 @@ CELERY_TASK_SOFT_TIME_LIMIT = None
 # --- Scheduler --------------------------------------------------------------------------
 # Dispatch tick period (beat); submissions and finishes also wake it early.
 GANTRY_DISPATCH_INTERVAL_S = env.float("GANTRY_DISPATCH_INTERVAL_S", default=1.0)
+# How often a tick also explains the queue (each waiting job's position, reason and
+# estimated start, published for its tenant); entries expire after a few of these.
+GANTRY_QUEUE_STATE_INTERVAL_S = env.float("GANTRY_QUEUE_STATE_INTERVAL_S", default=5.0)
 # A placed attempt must be claimed by its node's worker within this, else it is requeued.
 GANTRY_SCHEDULING_LEASE_S = env.int("GANTRY_SCHEDULING_LEASE_S", default=60)
 # An attempt still unclaimed this long after placement gets its run message re-sent.

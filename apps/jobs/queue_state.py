@@ -1,9 +1,10 @@
 """Where each queued job stands: its position, why it waits, when it should start.
 
-The dispatch tick writes one entry per queued job it looked at (`publish`), and the job
-body reads it (`read`). Entries live in Redis, expire a few ticks after they were
-written and are rewritten every tick: hot, rebuildable state. With Redis down, or for
-a job no tick has looked at yet (deep in a long queue), the body shows nulls.
+The dispatch tick writes one entry per queued job it looked at (`publish`, every
+GANTRY_QUEUE_STATE_INTERVAL_S), and the job body reads it (`read`). Entries live in
+Redis and expire a few publications after they were written: hot, rebuildable state.
+With Redis down, or for a job no tick has looked at yet (deep in a long queue), the
+body shows nulls.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ UNKNOWN = QueueState(
 
 
 def ttl_s() -> int:
-    """Entries outlive a few missed ticks, not a stopped dispatcher."""
-    return max(10, int(5 * settings.GANTRY_DISPATCH_INTERVAL_S))
+    """Entries outlive a few missed publications, not a stopped dispatcher."""
+    interval = max(settings.GANTRY_DISPATCH_INTERVAL_S, settings.GANTRY_QUEUE_STATE_INTERVAL_S)
+    return max(10, int(3 * interval))
 
 
 def publish(states: Iterable[tuple[str, QueueState]]) -> int:

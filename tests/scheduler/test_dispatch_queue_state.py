@@ -15,7 +15,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _no_stale_states():
+def _no_stale_states(settings):
+    settings.GANTRY_QUEUE_STATE_INTERVAL_S = 0  # every tick explains the queue
     keys = list(redis_client().scan_iter(queue_state.KEY.format("*")))
     if keys:
         redis_client().delete(*keys)

@@ -58,6 +58,10 @@ from .snapshot import (
     Waiting,
 )
 
+# Preemption is held back while GPUs are expected to free up by themselves within the
+# grace period, at this many times the observed runtime ratio (see _expected_free_by).
+HOLD_BACK_SLACK = 1.0
+
 # What a tenant reads about a job the round did not reach.
 NOT_REACHED = "waiting for its turn: jobs ahead of it get the next free GPUs"
 
@@ -129,7 +133,10 @@ class _DispatchRound:
         # Why a looked-at job was not placed: job id -> (reason, public reason); and the
         # order in which the round served jobs (for positions and start estimates).
         self.why: dict = {}
+        self.passed_over: dict = {}  # job id -> (types, within ceiling, pick), to explain
         self.served: list[QueuedJob] = []
+        self._expected_ends: dict[str, list[float]] | None = None  # type -> sorted ends
+        self._type_gpus: dict[str, tuple[int, int]] = {}  # type -> (GPUs, free), explaining
 
     # -- the round ---------------------------------------------------------------------
 
@@ -327,7 +334,7 @@ class _DispatchRound:
         # borrowed ones): borrowing is of idle GPUs, never by preemption.
         if self._try_preempt(job, types, lower_tiers=within_ceiling):
             return 0, True
-        self.why[job.id] = self._why_waiting(job, types, within_ceiling, pick)
+        self.passed_over[job.id] = (types, within_ceiling, pick)  # explained on demand
         return 0, False
 
     def _why_waiting(self, job: QueuedJob, types, within_ceiling: bool, pick: Pick):
@@ -350,8 +357,7 @@ class _DispatchRound:
                 f"a node is being freed for it ({count} GPUs on one node are needed)",
             )
         types = self._present(types)
-        total = sum(p.size for t in types for p in self.index.pools_by_type.get(t, ()))
-        free = sum(len(p.free_ids) for t in types for p in self.index.pools_by_type.get(t, ()))
+        total, free = self._gpus_of(types)
         wanted = _wanted_phrase(count, types)
         if free >= count:
             return (
@@ -370,12 +376,23 @@ class _DispatchRound:
         """The types of `types` that some active node has."""
         return tuple(t for t in types if self.index.pools_by_type.get(t))
 
+    def _gpus_of(self, types) -> tuple[int, int]:
+        """(GPUs, free GPUs) of these types on active nodes, as the round left them
+        (counted once per type per round: explaining runs after the decisions)."""
+        counts = self._type_gpus
+        for gpu_type in types:
+            if gpu_type not in counts:
+                pools = self.index.pools_by_type.get(gpu_type, ())
+                counts[gpu_type] = (sum(p.size for p in pools), sum(len(p.free_ids) for p in pools))
+        return (
+            sum(counts[gpu_type][0] for gpu_type in types),
+            sum(counts[gpu_type][1] for gpu_type in types),
+        )
+
     def _why_not_reached(self, job: QueuedJob) -> tuple[str, str]:
         """A job the round did not examine: its GPU types are busy, or others come first."""
         types = self._present(self.index.allowed_types(job))
-        pools = [p for t in types for p in self.index.pools_by_type.get(t, ())]
-        total = sum(p.size for p in pools)
-        free = sum(len(p.free_ids) for p in pools)
+        total, free = self._gpus_of(types)
         if total and free < job.gpu_count:
             wanted = _wanted_phrase(job.gpu_count, types)
             busy = f"waiting for {wanted}: {total - free} of {total} busy"
@@ -422,7 +439,10 @@ class _DispatchRound:
         )
         waiting = []
         for job in order:
-            reason, public = self.why.get(job.id) or self._why_not_reached(job)
+            reason_and_public = self.why.get(job.id)
+            if reason_and_public is None and job.id in self.passed_over:
+                reason_and_public = self._why_waiting(job, *self.passed_over[job.id])
+            reason, public = reason_and_public or self._why_not_reached(job)
             position, start = estimates[job.id]
             waiting.append(Waiting(job.id, reason, public, position, start))
         return waiting
@@ -575,7 +595,7 @@ class _DispatchRound:
         if own is not None and own.start <= soon:
             return False  # its reserved GPUs free up as soon as victims could leave
         _, start = self.index.earliest_pool(types, job.gpu_count)
-        if start <= soon:
+        if start <= soon or self._expected_free_by(types, job.gpu_count) <= soon:
             self.fits_soon.add((types, job.gpu_count))
             return False  # GPUs free up by themselves as soon as victims could leave
         same_tier = (
@@ -610,6 +630,39 @@ class _DispatchRound:
             return False
         self._preempt(job, choice)
         return True
+
+    def _expected_free_by(self, types, count: int) -> float:
+        """When `count` GPUs of one of these types are expected to be free by themselves:
+        the running jobs' ends at the observed runtime ratio (typical jobs end well
+        before their max_runtime_s). Preempting a job about to end loses work for
+        nothing. A pool-blind estimate, used only to hold preemption back."""
+        if self._expected_ends is None:
+            # A typical job's end with some slack: half of all jobs run past the median.
+            ratio = min(1.0, HOLD_BACK_SLACK * self.snapshot.runtime_ratio)
+            ends: dict[str, list[float]] = {}
+            gpu_type = {gpu.id: gpu.type for node in self.snapshot.nodes for gpu in node.gpus}
+            for allocation in self.snapshot.running:
+                if allocation.stopping:
+                    end = self.now + self.config.preemption_grace_s
+                else:
+                    end = allocation.started_at + ratio * allocation.max_runtime_s
+                for gpu_id in allocation.gpu_ids:
+                    kind = gpu_type.get(gpu_id)
+                    if kind is not None:
+                        ends.setdefault(kind, []).append(end)
+            for values in ends.values():
+                values.sort()
+            self._expected_ends = ends
+        best = math.inf
+        for gpu_type in types:
+            ends = self._expected_ends.get(gpu_type, ())
+            free = sum(len(pool.free_ids) for pool in self.index.pools_by_type.get(gpu_type, ()))
+            need = count - free
+            if need <= 0:
+                return self.now
+            if len(ends) >= need:
+                best = min(best, ends[need - 1])
+        return best
 
     def _tiers_may_lose(self, gpus_by_tier) -> bool:
         """Preemption never takes a tier below its guaranteed floor, in whole GPUs (5 %

@@ -18,6 +18,7 @@ the job once the lease has run out.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -99,12 +100,14 @@ def run_dispatch_tick() -> TickResult:
         fold_ended_attempts()  # fair share sees every attempt that ended before this tick
         snapshot = build_snapshot()
         policy_started = time.perf_counter()
-        round_ = schedule_round(snapshot.cluster)
+        explain = _queue_states_due()
+        round_ = schedule_round(snapshot.cluster, explain=explain)
         decisions = round_.decisions
         metrics.POLICY_SECONDS.observe(time.perf_counter() - policy_started)
         result = TickResult(ran=True, queued_loaded=snapshot.queued_loaded)
         result.decisions = apply_decisions(decisions, tick=uuid.uuid4())
-        publish_queue_states(round_.waiting)
+        if explain:
+            publish_queue_states(round_.waiting)
         _report_queue_depth(snapshot, result)
         metrics.report_tick(
             snapshot.cluster,
@@ -125,6 +128,20 @@ def run_dispatch_tick() -> TickResult:
             result.queued_loaded,
         )
     return result
+
+
+_queue_states_at = -math.inf  # when this process last published queue states (monotonic)
+
+
+def _queue_states_due() -> bool:
+    """Whether this tick explains the queue: at most every GANTRY_QUEUE_STATE_INTERVAL_S
+    (explaining and publishing a long queue costs more than deciding it)."""
+    global _queue_states_at
+    now = time.monotonic()
+    if now - _queue_states_at < settings.GANTRY_QUEUE_STATE_INTERVAL_S:
+        return False
+    _queue_states_at = now
+    return True
 
 
 def publish_queue_states(waiting: list[Waiting]) -> int:

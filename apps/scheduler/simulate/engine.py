@@ -329,10 +329,15 @@ class Simulation:
         return now
 
     def _round(self, now: float) -> None:
-        """One dispatch round at `now`: the policy's decisions, applied."""
+        """One dispatch round at `now`: the policy's decisions, applied. A policy that
+        explains (start estimates) is asked to on the 1 s ticks, where the dispatcher
+        publishes what tenants read; wake-up rounds only decide."""
         snapshot = self._snapshot(now)
         began = time.perf_counter()
-        decisions = self.policy(snapshot)
+        if getattr(self.policy, "explains", False):
+            decisions = self.policy(snapshot, explain=float(now).is_integer())
+        else:
+            decisions = self.policy(snapshot)
         self.policy_time += time.perf_counter() - began
         if isinstance(decisions, RoundResult):
             self._note_estimates(decisions)
