@@ -83,6 +83,13 @@ class PolicyConfig:
         default_factory=_tier_map(enterprise=2.0, paid=60.0, free=None)
     )
     """How long a job of each tier waits before it may preempt; None = never preempts."""
+    preemption_hold_back: Mapping[str, bool] = field(
+        default_factory=_tier_map(enterprise=False, paid=True, free=True)
+    )
+    """Whether a tier's preemptions wait while GPUs are expected to free up by themselves
+    within `preemption_grace_s` (running jobs' ends at the observed runtime ratio).
+    Saves work on short-job workloads; enterprise does not wait on an estimate that is
+    wrong half the time (its 10 s target), and reclaims always hold back."""
     max_preemptions_per_job: int = 2
     """A job preempted this many times is no longer a victim."""
     min_runtime_before_preemption_s: float = 0.0
@@ -122,7 +129,13 @@ class PolicyConfig:
     then a round reads users × this many jobs."""
 
     def __post_init__(self):
-        for name in ("tier_weights", "tier_floors", "tier_ceilings", "preemption_wait_s"):
+        for name in (
+            "tier_weights",
+            "tier_floors",
+            "tier_ceilings",
+            "preemption_wait_s",
+            "preemption_hold_back",
+        ):
             values = getattr(self, name)
             missing = set(TIERS) - set(values)
             if missing:

@@ -58,10 +58,6 @@ from .snapshot import (
     Waiting,
 )
 
-# Preemption is held back while GPUs are expected to free up by themselves within the
-# grace period, at this many times the observed runtime ratio (see _expected_free_by).
-HOLD_BACK_SLACK = 1.0
-
 # What a tenant reads about a job the round did not reach.
 NOT_REACHED = "waiting for its turn: jobs ahead of it get the next free GPUs"
 
@@ -135,7 +131,8 @@ class _DispatchRound:
         self.why: dict = {}
         self.passed_over: dict = {}  # job id -> (types, within ceiling, pick), to explain
         self.served: list[QueuedJob] = []
-        self._expected_ends: dict[str, list[float]] | None = None  # type -> sorted ends
+        self._expected_free: dict[tuple, float] = {}  # (types, count) -> expected time
+        self._pool_end_cache: dict[int, list[float]] = {}  # pool ordinal -> sorted ends
         self._type_gpus: dict[str, tuple[int, int]] = {}  # type -> (GPUs, free), explaining
 
     # -- the round ---------------------------------------------------------------------
@@ -595,7 +592,8 @@ class _DispatchRound:
         if own is not None and own.start <= soon:
             return False  # its reserved GPUs free up as soon as victims could leave
         _, start = self.index.earliest_pool(types, job.gpu_count)
-        if start <= soon or self._expected_free_by(types, job.gpu_count) <= soon:
+        hold_back = not past_threshold or self.config.preemption_hold_back[job.tier]
+        if start <= soon or (hold_back and self._expected_free_by(types, job.gpu_count) <= soon):
             self.fits_soon.add((types, job.gpu_count))
             return False  # GPUs free up by themselves as soon as victims could leave
         same_tier = (
@@ -632,37 +630,45 @@ class _DispatchRound:
         return True
 
     def _expected_free_by(self, types, count: int) -> float:
-        """When `count` GPUs of one of these types are expected to be free by themselves:
-        the running jobs' ends at the observed runtime ratio (typical jobs end well
-        before their max_runtime_s). Preempting a job about to end loses work for
-        nothing. A pool-blind estimate, used only to hold preemption back."""
-        if self._expected_ends is None:
-            # A typical job's end with some slack: half of all jobs run past the median.
-            ratio = min(1.0, HOLD_BACK_SLACK * self.snapshot.runtime_ratio)
-            ends: dict[str, list[float]] = {}
-            gpu_type = {gpu.id: gpu.type for node in self.snapshot.nodes for gpu in node.gpus}
-            for allocation in self.snapshot.running:
+        """When `count` GPUs of one of these types are expected to be free together on
+        one node by themselves: the running jobs' ends at the observed runtime ratio
+        (typical jobs end well before their max_runtime_s). Preempting a job about to
+        end loses work for nothing. Only holds preemption back; placement and
+        reservations keep using max_runtime_s."""
+        key = (types, count)
+        known = self._expected_free.get(key)
+        if known is not None:
+            return known
+        best = math.inf
+        for gpu_type in types:
+            for pool in self.index.pools_by_type.get(gpu_type, ()):
+                if pool.size < count or pool.reservation is not None:
+                    continue
+                need = count - len(pool.free_ids)
+                if need <= 0:
+                    best = self.now
+                    break
+                ends = self._pool_ends(pool)
+                if len(ends) >= need and ends[need - 1] < best:
+                    best = ends[need - 1]
+        self._expected_free[key] = best
+        return best
+
+    def _pool_ends(self, pool: Pool) -> list[float]:
+        """The expected release time of each busy GPU of the pool, earliest first."""
+        ends = self._pool_end_cache.get(pool.ordinal)
+        if ends is None:
+            ratio = self.snapshot.runtime_ratio
+            ends = []
+            for allocation in pool.allocations:
                 if allocation.stopping:
                     end = self.now + self.config.preemption_grace_s
                 else:
-                    end = allocation.started_at + ratio * allocation.max_runtime_s
-                for gpu_id in allocation.gpu_ids:
-                    kind = gpu_type.get(gpu_id)
-                    if kind is not None:
-                        ends.setdefault(kind, []).append(end)
-            for values in ends.values():
-                values.sort()
-            self._expected_ends = ends
-        best = math.inf
-        for gpu_type in types:
-            ends = self._expected_ends.get(gpu_type, ())
-            free = sum(len(pool.free_ids) for pool in self.index.pools_by_type.get(gpu_type, ()))
-            need = count - free
-            if need <= 0:
-                return self.now
-            if len(ends) >= need:
-                best = min(best, ends[need - 1])
-        return best
+                    end = max(self.now, allocation.started_at + ratio * allocation.max_runtime_s)
+                ends.extend([end] * len(allocation.gpu_ids))
+            ends.sort()
+            self._pool_end_cache[pool.ordinal] = ends
+        return ends
 
     def _tiers_may_lose(self, gpus_by_tier) -> bool:
         """Preemption never takes a tier below its guaranteed floor, in whole GPUs (5 %
