@@ -20,7 +20,7 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
   protects a victim (a job that just started has lost the least work, so it is the
   cheapest victim); thrash is bounded by the per-job cap, by victims being of a lower
   tier (or of an org far over its share), and by not preempting when GPUs free up by
-  themselves within the grace period; at most 8 preemptions per round;
+  themselves within the grace period; at most 16 preemptions per round and tier;
 - at most half of the nodes drain for reservations at once;
 - a round looks at 2,048 queued jobs shared max-min between users (each user's oldest
   first), and at least each user's first 4; deeper jobs only count as demand.
@@ -107,7 +107,7 @@ class PolicyConfig:
     times its weighted share of the tier, and only for an org holding less than its own
     share: a customer flooding the queue cannot crowd out the others of its tier, while
     orgs near their shares never preempt one another."""
-    max_preemptions_per_tick: int = 8
+    max_preemptions_per_tick: int = 16
     """Upper bound on Preempt decisions per policy call and tier (limits preemption
     storms; per tier, so that paid preempting free never uses up enterprise's turn)."""
     reserved_node_share: float = 0.5
