@@ -90,6 +90,10 @@ class PolicyConfig:
     within `preemption_grace_s` (running jobs' ends at the observed runtime ratio).
     Saves work on short-job workloads; enterprise does not wait on an estimate that is
     wrong half the time (its 10 s target), and reclaims always hold back."""
+    preemption_hold_back_s: float = 5.0
+    """How soon the expected free-up must come to hold a preemption back. Measured on the
+    bursty scenario, 16 GPUs at 1x: holding enterprise back too, within 3 s, cut work
+    lost from 3.8 % to 1.8 % of GPU time but raised enterprise p95 from 9 s to 12 s."""
     max_preemptions_per_job: int = 2
     """A job preempted this many times is no longer a victim."""
     min_runtime_before_preemption_s: float = 0.0
@@ -150,6 +154,8 @@ class PolicyConfig:
                 raise ValueError(f"preemption_wait_s.{tier}: must be >= 0 or None")
         if sum(self.tier_floors[tier] for tier in TIERS) > 1.0 + 1e-9:
             raise ValueError("tier_floors: floors add up to more than the whole fleet")
+        if self.preemption_hold_back_s < 0:
+            raise ValueError("preemption_hold_back_s: must be >= 0")
         if self.reclaim_wait_s < 0:
             raise ValueError("reclaim_wait_s: must be >= 0")
         if self.usage_half_life_s <= 0:

@@ -593,7 +593,8 @@ class _DispatchRound:
             return False  # its reserved GPUs free up as soon as victims could leave
         _, start = self.index.earliest_pool(types, job.gpu_count)
         hold_back = not past_threshold or self.config.preemption_hold_back[job.tier]
-        if start <= soon or (hold_back and self._expected_free_by(types, job.gpu_count) <= soon):
+        horizon = self.now + self.config.preemption_hold_back_s
+        if start <= soon or (hold_back and self._expected_free_by(types, job.gpu_count) <= horizon):
             self.fits_soon.add((types, job.gpu_count))
             return False  # GPUs free up by themselves as soon as victims could leave
         same_tier = (
