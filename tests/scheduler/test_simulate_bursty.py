@@ -56,3 +56,18 @@ def test_load_sizes_the_fleet_of_a_trace(tmp_path):
     )
     assert 1.6 <= report.offered_load <= 2.4, report.offered_load
     assert any("sized for 2x" in note for note in report.notes)
+
+
+def test_a_trace_without_a_fleet_file_keeps_rows_of_every_gpu_model(tmp_path):
+    path = tmp_path / "unseen.csv"
+    types = ("L4", "H200|L40S", "", "MI300X")
+    rows = [HEADER] + [
+        f"{i * 10},40,1,{types[i % 4]},paid,org-{i % 3},u{i},true" for i in range(40)
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    report = run_scenario(
+        "trace", ["fair"], gpus=16, trace_path=path, duration_s=400.0, overload=1.0
+    )
+    assert not any("dropped" in note for note in report.notes), report.notes
+    assert report.summaries[0].admitted == 40
+    assert report.summaries[0].started == 40

@@ -63,6 +63,26 @@ def synthetic_fleet(total_gpus: int, h100_share: float = 0.4, gpus_per_node: int
     return FleetModel(gpu_types=(H100, A100), nodes=tuple(nodes))
 
 
+def fleet_of_types(total_gpus: int, names: list[str], gpus_per_node: int = 8) -> FleetModel:
+    """A fleet for a trace that comes without one: nodes of `gpus_per_node` GPUs, the
+    GPU models it names in turn (equal shares), memory and price unknown (80 GB, the
+    H100's price), so that no row is dropped for a model the fleet lacks."""
+    if total_gpus < 1 or not names:
+        raise ValueError("a fleet needs at least one GPU and one GPU type")
+    gpu_types = tuple(
+        GpuType(name, memory_gb=80, price_per_gpu_hour=H100.price_per_gpu_hour) for name in names
+    )
+    per_node = max(1, min(gpus_per_node, total_gpus // len(names)))  # every model a node
+    nodes, remaining, i = [], total_gpus, 0
+    while remaining > 0:
+        size = min(per_node, remaining)
+        kind = names[i % len(names)]
+        nodes.append((f"{kind.lower()}-{i:04d}", (kind,) * size))
+        remaining -= size
+        i += 1
+    return FleetModel(gpu_types=gpu_types, nodes=tuple(nodes))
+
+
 def fleet_from_file(path: str | Path) -> FleetModel:
     spec = read_fleet_file(path)
     gpu_types = tuple(

@@ -10,7 +10,7 @@ from apps.scheduler.policy import PolicyConfig, schedule_round
 
 from . import baselines, workload
 from .engine import PolicyFunction, SimResult, Simulation
-from .fleet import FleetModel, fleet_from_file, synthetic_fleet
+from .fleet import FleetModel, fleet_from_file, fleet_of_types, synthetic_fleet
 from .metrics import (
     Summary,
     format_table,
@@ -168,6 +168,13 @@ def run_scenario(
         beside = Path(trace_path).with_name(f"{Path(trace_path).stem}-fleet.json")
         fleet_file = beside if beside.exists() else None
     fleet = build_fleet(gpus, fleet_file)
+    named: list[str] = []
+    if scenario == "trace" and not fleet_file and trace_path:
+        named = workload.trace_gpu_types(trace_path)
+        if set(named) - {t.name for t in fleet.gpu_types}:
+            fleet = fleet_of_types(gpus, named)  # no row dropped for a model we lack
+        else:
+            named = []
     if overload is None and scenario != "trace":
         overload = 1.0 if scenario == "bursty" else 2.0
     warmup = 0.15 * duration_s if warmup_s is None else warmup_s
@@ -184,7 +191,8 @@ def run_scenario(
     )
     if scenario == "trace" and overload is not None:
         offered = load.offered_gpu_seconds(warmup, duration_s)
-        fleet = fleet.scaled_to(max(1, round(offered / ((duration_s - warmup) * overload))))
+        target = max(1, round(offered / ((duration_s - warmup) * overload)))
+        fleet = fleet_of_types(target, named) if named else fleet.scaled_to(target)
         load.notes.append(f"fleet sized for {overload:g}x offered load: {fleet.describe()}")
     if scenario in ("trace", "bursty") and queue_quota is None:
         queue_quota = {}  # a replay of real requests admits everything that was submitted

@@ -266,6 +266,17 @@ def spike(
     return Workload(name="spike", jobs=jobs, orgs=base.orgs, notes=notes)
 
 
+def trace_gpu_types(path: str | Path) -> list[str]:
+    """The GPU models a trace CSV names, in order of first appearance."""
+    names: dict[str, None] = {}
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            for name in row["gpu_types"].split("|"):
+                if name:
+                    names.setdefault(name, None)
+    return list(names)
+
+
 def trace(
     path: str | Path,
     gpu_types: Sequence[GpuType],
