@@ -132,6 +132,7 @@ class SimResult:
     # Per JAIN_WINDOW_S window of the measured time: tier -> {org: (mean GPUs held, mean
     # GPUs wanted = held + queued)} over the orgs that had demand in it.
     demand_windows: list[dict[str, dict[str, tuple[float, float]]]]
+    idle_usable_gpu_seconds: float  # free GPUs a queued job could use, at each tick
     preemptions: int  # Preempt victims within the window
     lost_gpu_seconds: float  # work lost to preemption within the window
     rejected: dict[str, int]  # submissions refused by the queue quota, per tier
@@ -219,6 +220,14 @@ class Simulation:
         self.runtime_ratios: list[float] = []
         self._wake_pending = False
         self.wake_ups = True
+        # Work conservation, measured: free GPUs per type, queued jobs per (allowed
+        # types, memory floor), and GPU-seconds idle while queued work could use them.
+        self.free_by_type: dict[str, int] = {}
+        for node in self.nodes:
+            for gpu in node.gpus:
+                self.free_by_type[gpu.type] = self.free_by_type.get(gpu.type, 0) + 1
+        self.queued_by_shape: dict[tuple, int] = {}
+        self.idle_usable_gpu_seconds = 0.0
 
     # -- main loop ---------------------------------------------------------------------
 
@@ -248,6 +257,7 @@ class Simulation:
             if now >= self.warmup:
                 self.window_ticks += 1
                 self._sample_demand()
+                self.idle_usable_gpu_seconds += self._idle_usable_gpus()
         self._advance_to(self.duration, arrivals, next_arrival)
         self._close_interval(self.duration)
         self._close_demand_window()
@@ -271,6 +281,7 @@ class Simulation:
             org_active_ticks=self.org_active_ticks,
             window_ticks=self.window_ticks,
             demand_windows=self.demand_windows,
+            idle_usable_gpu_seconds=self.idle_usable_gpu_seconds,
             preemptions=self.preemptions,
             lost_gpu_seconds=self.lost_gpu_seconds,
             rejected=self.rejected,
@@ -343,6 +354,20 @@ class Simulation:
             self._note_estimates(decisions)
             decisions = decisions.decisions
         self._apply(decisions, now)
+
+    def _idle_usable_gpus(self) -> int:
+        """Free GPUs (after this tick's round) of a type some queued job may use: idle
+        capacity while work that could run there waits. Counted per GPU, whatever the
+        node, so a multi-GPU job that needs them on one node may not fit after all."""
+        if not self.queue:
+            return 0
+        usable: set[str] = set()
+        for (types, memory), count in self.queued_by_shape.items():
+            if count:
+                usable.update(
+                    t for t in (types or self.free_by_type) if self.gpu_memory.get(t, 0) >= memory
+                )
+        return sum(self.free_by_type.get(t, 0) for t in usable)
 
     def _wake(self, at: float) -> None:
         if self.wake_ups and not self._wake_pending:
@@ -518,6 +543,8 @@ class Simulation:
         self.queued_gpus_by_org[spec.org] = (
             self.queued_gpus_by_org.get(spec.org, 0) + spec.gpu_count
         )
+        shape = (spec.gpu_types, spec.min_gpu_memory_gb)
+        self.queued_by_shape[shape] = self.queued_by_shape.get(shape, 0) + 1
 
     def _dequeue(self, state: _JobState) -> None:
         spec = state.spec
@@ -536,11 +563,13 @@ class Simulation:
         totals[0] -= 1
         totals[1] -= spec.gpu_count
         self.queued_gpus_by_org[spec.org] -= spec.gpu_count
+        self.queued_by_shape[(spec.gpu_types, spec.min_gpu_memory_gb)] -= 1
 
     def _release(self, allocation: _Allocation, at: float) -> None:
         del self.allocations[allocation.record.id]
         for gpu in allocation.gpus:
             gpu.free = True
+            self.free_by_type[gpu.type] += 1
         self.busy_gpus -= len(allocation.gpus)
         spec = allocation.job.spec
         self.running_by_user[(spec.tier, spec.org, spec.user)] -= len(allocation.gpus)
@@ -623,6 +652,7 @@ class Simulation:
         for gpu in gpus:
             gpu.free = False
         self.busy_gpus += spec.gpu_count
+        self.free_by_type[decision.gpu_type] -= spec.gpu_count
         self._alloc_seq += 1
         allocation_id = f"a{self._alloc_seq}"
         record = RunningAllocation(

@@ -4,6 +4,9 @@ Definitions (all over the measured window [warm-up, end)):
 
 - utilisation while work is queued: GPU-seconds held / GPU-seconds available, over the
   1 s intervals after whose tick some job was still waiting;
+- idle, usable by queued work: at each tick, after the round, the free GPUs of a type
+  that some queued job may use (any node: a gang job may still not fit), as a share of
+  all GPU-time in the window: what work conservation should keep near zero;
 - start wait: first start − submission, for admitted jobs submitted in the window (their
   starts are followed into the drain after it, if the run has one); a job still waiting
   at the end counts with its wait so far (a lower bound), so "max" is the longest any
@@ -51,6 +54,7 @@ class Summary:
     policy: str
     scenario: str
     utilisation_while_queued: float
+    idle_usable: float  # GPU-time idle while queued work could use it, over all GPU-time
     waits: dict[str, WaitStats]
     jain: dict[str, tuple[float | None, int]]  # tier -> (index, orgs counted)
     jain_throughout: dict[str, tuple[float | None, int]]  # the earlier definition
@@ -170,6 +174,7 @@ def summarize(result: SimResult) -> Summary:
         policy=result.policy,
         scenario=result.scenario,
         utilisation_while_queued=utilisation_while_queued(result),
+        idle_usable=result.idle_usable_gpu_seconds / gpu_time if gpu_time else 0.0,
         waits={tier: wait_stats(result, lambda r, t=tier: r.tier == t) for tier in TIERS},
         jain={tier: tier_jain(result, tier) for tier in TIERS},
         jain_throughout={tier: tier_jain_throughout(result, tier) for tier in TIERS},
@@ -191,7 +196,7 @@ TABLE_TIERS = ("enterprise", "paid", "free")
 def format_table(summaries: list[Summary]) -> str:
     """A Markdown table, one row per policy run."""
     header = (
-        "| policy | util. while queued | "
+        "| policy | util. while queued | idle, usable by queued work | "
         + " | ".join(f"{tier} wait p50 / p95 / max (s)" for tier in TABLE_TIERS)
         + " | Jain "
         + " / ".join(TABLE_TIERS)
@@ -209,7 +214,7 @@ def format_table(summaries: list[Summary]) -> str:
         waiting = " / ".join(str(s.waits[tier].still_waiting) for tier in TABLE_TIERS)
         estimate = "–" if s.eta_error is None else f"{s.eta_error[0]:.0f} / {s.eta_error[1]:.0f}"
         rows.append(
-            f"| {s.policy} | {s.utilisation_while_queued:.1%} | "
+            f"| {s.policy} | {s.utilisation_while_queued:.1%} | {s.idle_usable:.2%} | "
             + " | ".join(s.waits[tier].cell() for tier in TABLE_TIERS)
             + f" | {jain} | {waiting} | {s.preemptions} | "
             f"{s.lost_gpu_seconds / 3600:.1f} ({s.lost_fraction:.2%}) | "
