@@ -22,6 +22,18 @@ from .snapshot import Id, Node, NodeState, QueuedJob, RunningAllocation
 HORIZON_S = 7 * 24 * 3600.0
 
 
+def typical_end(
+    allocation: RunningAllocation, *, now: float, runtime_ratio: float, stop_delay_s: float
+) -> float:
+    """When the allocation is expected to give its GPUs back: after `stop_delay_s` if it
+    is stopping, else at its start plus `runtime_ratio` of its max runtime (never
+    before `now`). The one expectation the estimates and the preemption hold-back share;
+    placement and reservations keep the max runtime, which bounds rather than expects."""
+    if allocation.stopping:
+        return now + stop_delay_s
+    return max(now, allocation.started_at + runtime_ratio * allocation.max_runtime_s)
+
+
 def free_times(
     nodes: Sequence[Node],
     running: Sequence[RunningAllocation],
@@ -36,12 +48,11 @@ def free_times(
     `placed`: GPU id -> expected end of a job placed on it in this round."""
     ends: dict[Id, float] = {}
     for allocation in running:
-        if allocation.stopping:
-            end = now + stop_delay_s
-        else:
-            end = allocation.started_at + runtime_ratio * allocation.max_runtime_s
+        end = typical_end(
+            allocation, now=now, runtime_ratio=runtime_ratio, stop_delay_s=stop_delay_s
+        )
         for gpu_id in allocation.gpu_ids:
-            ends[gpu_id] = max(now, end)
+            ends[gpu_id] = end
     ends.update(placed)
     heaps: dict[str, list[float]] = {}
     for node in nodes:

@@ -43,7 +43,7 @@ import gc
 import math
 
 from .config import TIER_RANK, TIERS
-from .estimate import estimate, free_times
+from .estimate import estimate, free_times, typical_end
 from .fairshare import FairShareQueue, Pick, RunningGpus
 from .placement import CapacityIndex, Pool, Reservation
 from .preemption import VictimChoice, VictimFinder, water_fill
@@ -354,20 +354,16 @@ class _DispatchRound:
                 f"a node is being freed for it ({count} GPUs on one node are needed)",
             )
         types = self._present(types)
-        total, free = self._gpus_of(types)
-        wanted = _wanted_phrase(count, types)
-        if free >= count:
+        busy = self._busy(types, count)
+        if busy is None:
             return (
-                f"{free} GPUs of {_types_phrase(types)} are free but not {count} on one node "
+                f"GPUs of {_types_phrase(types)} are free but not {count} on one node "
                 f"outside the reservations of larger jobs (or only on nodes it failed on); "
                 f"{pick.describe()}",
-                f"waiting for {wanted}: the free ones are kept for a larger job, or are "
-                f"not enough on one node",
+                f"waiting for {_wanted_phrase(count, types)}: the free ones are kept for a "
+                f"larger job, or are not enough on one node",
             )
-        return (
-            f"waiting for {wanted}: {total - free} of {total} busy; {pick.describe()}",
-            f"waiting for {wanted}: {total - free} of {total} busy",
-        )
+        return f"{busy}; {pick.describe()}", busy
 
     def _present(self, types) -> tuple[str, ...]:
         """The types of `types` that some active node has."""
@@ -389,12 +385,18 @@ class _DispatchRound:
     def _why_not_reached(self, job: QueuedJob) -> tuple[str, str]:
         """A job the round did not examine: its GPU types are busy, or others come first."""
         types = self._present(self.index.allowed_types(job))
-        total, free = self._gpus_of(types)
-        if total and free < job.gpu_count:
-            wanted = _wanted_phrase(job.gpu_count, types)
-            busy = f"waiting for {wanted}: {total - free} of {total} busy"
+        busy = self._busy(types, job.gpu_count) if types else None
+        if busy is not None:
             return f"{busy}; not reached this round (fair-share order)", busy
         return "not reached this round (fair-share order)", NOT_REACHED
+
+    def _busy(self, types, count: int) -> str | None:
+        """ "waiting for an H100: 4 of 4 busy" when fewer than `count` GPUs of these types
+        are free, else None."""
+        total, free = self._gpus_of(types)
+        if free >= count:
+            return None
+        return f"waiting for {_wanted_phrase(count, types)}: {total - free} of {total} busy"
 
     def waiting(self) -> list[Waiting]:
         """Why each job of the snapshot that the round did not place waits, where it
@@ -659,13 +661,14 @@ class _DispatchRound:
         """The expected release time of each busy GPU of the pool, earliest first."""
         ends = self._pool_end_cache.get(pool.ordinal)
         if ends is None:
-            ratio = self.snapshot.runtime_ratio
             ends = []
             for allocation in pool.allocations:
-                if allocation.stopping:
-                    end = self.now + self.config.preemption_grace_s
-                else:
-                    end = max(self.now, allocation.started_at + ratio * allocation.max_runtime_s)
+                end = typical_end(
+                    allocation,
+                    now=self.now,
+                    runtime_ratio=self.snapshot.runtime_ratio,
+                    stop_delay_s=self.config.preemption_grace_s,
+                )
                 ends.extend([end] * len(allocation.gpu_ids))
             ends.sort()
             self._pool_end_cache[pool.ordinal] = ends

@@ -390,18 +390,15 @@ class Simulation:
         """One tick of each org's GPUs held and wanted (held + queued), for the windowed,
         demand-aware Jain's index; orgs without demand are not sampled."""
         sums = self._window_sums
-        for org, held in self.running_by_org.items():
-            if held:
+        active = self.org_active_ticks
+        for org in {*self.running_by_org, *self.queued_gpus_by_org}:
+            held = self.running_by_org.get(org, 0)
+            wanted = held + self.queued_gpus_by_org.get(org, 0)
+            if wanted:
                 entry = sums.setdefault(org, [0.0, 0.0])
                 entry[0] += held
-                entry[1] += held
-        for org, queued in self.queued_gpus_by_org.items():
-            if queued:
-                sums.setdefault(org, [0.0, 0.0])[1] += queued
-                self.org_active_ticks[org] = self.org_active_ticks.get(org, 0) + 1
-        for org, held in self.running_by_org.items():
-            if held and not self.queued_gpus_by_org.get(org):
-                self.org_active_ticks[org] = self.org_active_ticks.get(org, 0) + 1
+                entry[1] += wanted
+                active[org] = active.get(org, 0) + 1
         self._window_ticks += 1
         if self._window_ticks >= JAIN_WINDOW_S:
             self._close_demand_window()
