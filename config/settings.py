@@ -1,6 +1,6 @@
 """Gantry settings, read from the environment with django-environ.
 
-Every variable is listed with its default in README.md ("Configuration").
+Every variable is listed with its default in docs/configuration.md.
 """
 
 from pathlib import Path
