@@ -275,3 +275,24 @@ def test_the_command_line_prints_the_table_and_writes_plots(tmp_path, capsys):
 def test_the_command_line_reports_bad_input(capsys):
     assert main(["--scenario", "trace", "--gpus", "8", "--duration", "10"]) == 2
     assert "trace CSV" in capsys.readouterr().err
+
+
+def test_a_policy_option_changes_the_fair_policy_and_a_bad_one_is_refused(capsys):
+    base = ["--scenario", "bursty", "--gpus", "8", "--duration", "120", "--policy", "fair"]
+    assert (
+        main(
+            [
+                *base,
+                "--policy-option",
+                'preemption_wait_s={"enterprise": null, "paid": null, "free": null}',
+            ]
+        )
+        == 0
+    )
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| fair"))
+    assert row.split("|")[9].strip() == "0"  # the preemptions column: preemption is off
+    with pytest.raises(SystemExit):
+        main([*base, "--policy-option", "no_such_knob=1"])
+    assert "bad policy option" in capsys.readouterr().err
+    assert main([*base, "--policy-option", "reclaim_wait_s=-1"]) == 2
+    assert "reclaim_wait_s" in capsys.readouterr().err

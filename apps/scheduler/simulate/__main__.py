@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+
+from apps.scheduler.policy import PolicyConfig
 
 from .runner import POLICIES, SCENARIOS, run_scenario
 
@@ -17,6 +21,20 @@ def _quota(text: str) -> dict[str, int | None]:
             raise argparse.ArgumentTypeError(f"bad quota {part!r}: use TIER=N or TIER=none")
         quota[tier] = None if value.lower() in ("none", "0", "unlimited") else int(value)
     return quota
+
+
+def _policy_option(text: str) -> tuple[str, object]:
+    """Parse `NAME=JSON`, a PolicyConfig field and its value (as GANTRY_POLICY takes it)."""
+    name, _, value = text.partition("=")
+    fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+    if name not in fields or not value:
+        raise argparse.ArgumentTypeError(
+            f"bad policy option {text!r}: use NAME=JSON, NAME one of {sorted(fields)}"
+        )
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: value is not JSON: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", help="trace CSV for --scenario trace")
     parser.add_argument("--trace-speedup", type=float, default=None, help="default: fit span")
     parser.add_argument("--trace-max-work", type=float, default=3600.0, help="cap run times (s)")
+    parser.add_argument(
+        "--policy-option",
+        type=_policy_option,
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="override a policy knob for the fair policy, as GANTRY_POLICY does "
+        '(e.g. \'tier_weights={"enterprise": 6, "paid": 3, "free": 1}\'); repeatable',
+    )
     parser.add_argument("--out", help="directory for PNG plots")
     return parser
 
@@ -87,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             warmup_s=args.warmup,
             queue_quota=args.queue_quota,
             out_dir=args.out,
+            config=PolicyConfig(**dict(args.policy_option)),
         )
-    except (ValueError, OSError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.text())
