@@ -34,6 +34,10 @@ def child_exit(server, worker):
 # about 40 % more CPU here and served half the /healthz rate (bench/api.py, 2 cores);
 # 4 threads a process let one thread run while the others wait on PostgreSQL or Redis.
 worker_class = "gthread"
+# No request-line limit here: apps.core.middleware.RequestGuardMiddleware answers a URL
+# over 8 KiB with a JSON 414, where gunicorn's own limit (4 KiB) answers in plain text. A
+# proxy in front of the API (nginx: large_client_header_buffers) bounds what arrives.
+limit_request_line = 0
 threads = 4
 
 # One JSON object a line, like the rest of the platform; the access line names the

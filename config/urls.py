@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.core import health
 
+handler400 = "apps.core.errors.json_bad_request"
 handler404 = "apps.core.errors.json_not_found"
 handler500 = "apps.core.errors.json_server_error"
 

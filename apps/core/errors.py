@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import JsonResponse
 from rest_framework import exceptions, status
 
@@ -61,6 +62,20 @@ def problem(code: str, message: str, *, status_code: int, field: str | None = No
 
 def json_not_found(request, exception=None):
     return JsonResponse(problem("not_found", "No such endpoint.", status_code=404), status=404)
+
+
+def json_bad_request(request, exception=None):
+    """Django's own refusals (a foreign Host, a body over the size limit, too many
+    fields) in the API's shape instead of an HTML page."""
+    if isinstance(exception, RequestDataTooBig):
+        return JsonResponse(
+            problem("too_large", "The body is too large.", status_code=413), status=413
+        )
+    if isinstance(exception, DisallowedHost):
+        message = "The Host header names a host this server does not serve."
+    else:
+        message = "The request was refused as malformed."
+    return JsonResponse(problem("bad_request", message, status_code=400), status=400)
 
 
 def json_server_error(request):

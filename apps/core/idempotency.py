@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 
 from django.db import transaction
 from rest_framework.response import Response
@@ -20,6 +21,34 @@ from apps.core.models import IdempotentRequest
 
 HEADER = "HTTP_IDEMPOTENCY_KEY"
 MAX_KEY_LENGTH = 255
+# Printable ASCII: a key is stored as text and echoed in messages (no NUL, no controls).
+KEY_CHARACTERS = re.compile(r"[\x20-\x7e]+")
+
+
+def idempotency_key_of(request, *, required: bool) -> str:
+    """The request's Idempotency-Key ('' when absent and not required); a missing
+    required key, a key over MAX_KEY_LENGTH or one with characters other than printable
+    ASCII is a 400 naming the header."""
+    key = request.META.get(HEADER, "").strip()
+    if not key:
+        if required:
+            raise GantryError(
+                "The Idempotency-Key header is required.", code="invalid", field="Idempotency-Key"
+            )
+        return ""
+    if len(key) > MAX_KEY_LENGTH:
+        raise GantryError(
+            f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters.",
+            code="invalid",
+            field="Idempotency-Key",
+        )
+    if not KEY_CHARACTERS.fullmatch(key):
+        raise GantryError(
+            "Idempotency-Key may hold printable ASCII characters only.",
+            code="invalid",
+            field="Idempotency-Key",
+        )
+    return key
 
 
 def caller_scope(request) -> str:
@@ -38,21 +67,9 @@ def idempotent(*, required: bool = False):
     def decorate(view_method):
         @functools.wraps(view_method)
         def wrapper(self, request, *args, **kwargs):
-            key = request.META.get(HEADER, "").strip()
+            key = idempotency_key_of(request, required=required)
             if not key:
-                if required:
-                    raise GantryError(
-                        "The Idempotency-Key header is required.",
-                        code="invalid",
-                        field="Idempotency-Key",
-                    )
                 return view_method(self, request, *args, **kwargs)
-            if len(key) > MAX_KEY_LENGTH:
-                raise GantryError(
-                    f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters.",
-                    code="invalid",
-                    field="Idempotency-Key",
-                )
             scope = caller_scope(request)
             digest = body_digest(request)
             with transaction.atomic():

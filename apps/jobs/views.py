@@ -15,8 +15,7 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Project
 from apps.core.errors import GantryError
-from apps.core.idempotency import HEADER as IDEMPOTENCY_HEADER
-from apps.core.idempotency import MAX_KEY_LENGTH, idempotent
+from apps.core.idempotency import idempotency_key_of, idempotent
 from apps.core.pagination import OpaqueCursorPagination
 from apps.jobs import queue_state, selectors
 from apps.jobs.models import JobStatus
@@ -49,21 +48,6 @@ def _org_principal(request):
     if request.user.is_operator:
         raise PermissionDenied("Jobs are submitted and followed with an org key.")
     return request.user
-
-
-def _idempotency_key(request) -> str:
-    key = request.META.get(IDEMPOTENCY_HEADER, "").strip()
-    if not key:
-        raise GantryError(
-            "The Idempotency-Key header is required.", code="invalid", field="Idempotency-Key"
-        )
-    if len(key) > MAX_KEY_LENGTH:
-        raise GantryError(
-            f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters.",
-            code="invalid",
-            field="Idempotency-Key",
-        )
-    return key
 
 
 class JobListView(GenericAPIView):
@@ -99,7 +83,7 @@ class JobListView(GenericAPIView):
     )
     def post(self, request):
         principal = _org_principal(request)
-        key = _idempotency_key(request)
+        key = idempotency_key_of(request, required=True)
         result = submission.submit_api_request(
             api_key=principal.api_key, body=request.data, idempotency_key=key
         )
