@@ -31,8 +31,14 @@ def users_of(org: Org) -> QuerySet[User]:
 
 
 def visible_api_keys(principal) -> QuerySet[APIKey]:
+    """Operators: every key; an org key: its org's; a project-bound key: its project's."""
     keys = APIKey.objects.select_related("org")
-    return keys if principal.is_operator else keys.filter(org_id=principal.org_id)
+    if principal.is_operator:
+        return keys
+    keys = keys.filter(org_id=principal.org_id)
+    if principal.project_id:
+        keys = keys.filter(project_id=principal.project_id)
+    return keys
 
 
 def resolve_project(org: Org, ref, *, key_project: Project | None = None) -> Project:

@@ -52,8 +52,13 @@ def idempotency_key_of(request, *, required: bool) -> str:
 
 
 def caller_scope(request) -> str:
+    """Whose keys these are: operators share one space; an org key's space is its org's,
+    a project-bound key's its project's (the same key from another project is new)."""
     principal = request.user
-    return "operator" if principal.is_operator else str(principal.org_id)
+    if principal.is_operator:
+        return "operator"
+    project_id = principal.project_id
+    return f"{principal.org_id}/{project_id}" if project_id else str(principal.org_id)
 
 
 def body_digest(request) -> str:

@@ -9,7 +9,7 @@ class IdempotentRequest(models.Model):
     Scoped by the caller's org (or the operator), so two tenants never share keys.
     """
 
-    scope = models.CharField(max_length=64)
+    scope = models.CharField(max_length=80)
     key = models.CharField(max_length=255)
     method = models.CharField(max_length=8)
     path = models.CharField(max_length=255)

@@ -58,7 +58,9 @@ class Job(models.Model):
     fingerprint = models.CharField(max_length=64)
 
     # Admission.
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # The client's Idempotency-Key (at most 255 characters), prefixed with its project
+    # for a project-bound API key (scoped_idempotency_key).
+    idempotency_key = models.CharField(max_length=320, null=True, blank=True)
     request_digest = models.CharField(max_length=64, blank=True)
     hold = models.OneToOneField(
         "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="job"

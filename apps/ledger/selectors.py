@@ -70,8 +70,9 @@ def balance(*, org, project=None) -> dict:
     }
 
 
-def entries_of(*, org, job=None) -> QuerySet[Entry]:
-    """The org's entries, optionally those of one job (tagged directly or via its hold).
+def entries_of(*, org, job=None, project_id=None) -> QuerySet[Entry]:
+    """The org's entries, optionally those of one job (tagged directly or via its hold);
+    with `project_id`, only that project's: of its holds and its project-bound buckets.
 
     Each carries `grant_id`: its bucket as tenants see it (a grant's first lane)."""
     entries = Entry.objects.filter(org=org).annotate(
@@ -79,6 +80,8 @@ def entries_of(*, org, job=None) -> QuerySet[Entry]:
     )
     if job is not None:
         entries = entries.filter(Q(job_id=job) | Q(hold__job_ref=job))
+    if project_id is not None:
+        entries = entries.filter(Q(hold__project_id=project_id) | Q(bucket__project_id=project_id))
     return entries
 
 

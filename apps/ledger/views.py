@@ -104,7 +104,10 @@ class EntryListView(GenericAPIView):
                 job = uuid.UUID(job)
             except ValueError as exc:
                 raise GantryError("job must be a job id.", code="invalid", field="job") from exc
-        page = self.paginate_queryset(selectors.entries_of(org=org, job=job or None))
+        project_id = None if request.user.is_operator else request.user.project_id
+        page = self.paginate_queryset(
+            selectors.entries_of(org=org, job=job or None, project_id=project_id)
+        )
         return self.get_paginated_response(EntrySerializer(page, many=True).data)
 
 

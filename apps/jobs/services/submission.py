@@ -9,7 +9,8 @@ The hot path is written for few round trips (about a dozen queries per submissio
 most of them the ledger's): the lock and every admission read share one round trip,
 and the job and its event are inserted by one statement.
 
-Idempotency: the Idempotency-Key is scoped to the org. Concurrent submissions with one
+Idempotency: the Idempotency-Key is scoped to the org, or to the project of a
+project-bound API key. Concurrent submissions with one
 key serialise on a transaction-scoped advisory lock; the first creates the job and its
 hold, the others find the job and answer it again (same id, its current state). The
 same key with a different request body is a 409. The hold's own idempotency key is
@@ -65,6 +66,13 @@ def hold_key(org_id, idempotency_key: str) -> str:
     return f"job-submit:{digest}"
 
 
+def scoped_idempotency_key(idempotency_key: str, *, project_id) -> str:
+    """The key as stored: a project-bound API key's keys live in its project's space, so
+    the same Idempotency-Key sent with another project's key is a new request (and can
+    never replay, or learn of, that project's job)."""
+    return f"project:{project_id}:{idempotency_key}" if project_id else idempotency_key
+
+
 def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submission:
     """POST /v1/jobs for an org key: rate limits, the body checked (400 naming the
     field), its project resolved (a key narrowed to a project submits only there), then
@@ -88,7 +96,7 @@ def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submis
         project=project,
         user=api_key.user,
         spec=spec,
-        idempotency_key=idempotency_key,
+        idempotency_key=scoped_idempotency_key(idempotency_key, project_id=api_key.project_id),
         request_digest=request_digest_of(body),
         actor=f"api:{api_key.prefix}",
     )
