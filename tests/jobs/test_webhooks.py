@@ -3,7 +3,9 @@ backoff, and one end-to-end delivery through a real Celery worker."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import threading
 import time
 import uuid
@@ -13,14 +15,20 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from apps.jobs.models import JobEvent, JobStatus
+from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.services import webhooks
 from apps.jobs.services.outcomes import end_job
-from apps.jobs.services.webhooks import UnsafeWebhookTarget, check_target, verify_signature
+from apps.jobs.services.webhooks import (
+    UnsafeWebhookTarget,
+    check_target,
+    destination_addresses,
+    verify_signature,
+)
+from apps.ledger.models import Hold
 from tests import worker_harness as harness
 from tests.conftest import client_with
 from tests.factories import org_key
-from tests.jobs.factories import JobFactory, funded_org, reset_job_state
+from tests.jobs.factories import JobFactory, funded_org, reset_job_state, spec_body, submit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
@@ -144,6 +152,116 @@ def test_public_https_targets_and_allowed_hosts_pass():
         pytest.raises(UnsafeWebhookTarget, match="https"),
     ):
         check_target("http://127.0.0.1:9/hook")
+
+
+def teredo(server: str, client: str) -> str:
+    """A Teredo address (2001::/32) naming `server` and, obfuscated, `client`."""
+    obfuscated_client = int(ipaddress.IPv4Address(client)) ^ 0xFFFFFFFF
+    server_bits = int(ipaddress.IPv4Address(server))
+    value = (0x2001_0000 << 96) | (server_bits << 64) | (0x8000_63BF << 32) | obfuscated_client
+    return str(ipaddress.IPv6Address(value))
+
+
+TEREDO_TO_LOOPBACK = teredo(server="65.54.227.120", client="127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        pytest.param("::7f00:1", id="compatible-form-of-loopback-in-hex"),
+        pytest.param("::127.0.0.1", id="compatible-form-of-loopback"),
+        pytest.param("::a9fe:a9fe", id="compatible-form-of-the-metadata-address"),
+        pytest.param("64:ff9b::a9fe:a9fe", id="nat64-form-of-the-metadata-address"),
+        pytest.param("64:ff9b::127.0.0.1", id="nat64-form-of-loopback"),
+        pytest.param("64:ff9b:1:a9fe:a9:fe00::", id="local-use-nat64-form-of-metadata"),
+        pytest.param("::ffff:127.0.0.1", id="mapped-form-of-loopback"),
+        pytest.param("::ffff:10.0.0.1", id="mapped-form-of-a-private-address"),
+        pytest.param("2002:7f00:1::", id="6to4-form-of-loopback"),
+        pytest.param("2002:a9fe:a9fe::1", id="6to4-form-of-the-metadata-address"),
+        pytest.param(TEREDO_TO_LOOPBACK, id="teredo-with-a-loopback-client"),
+        pytest.param("fe80::1%eth0", id="link-local-with-a-zone-index"),
+        pytest.param("2606:4700:4700::1111%eth0", id="public-address-tied-to-a-link"),
+        pytest.param("fec0::1", id="deprecated-site-local"),
+        pytest.param("::", id="unspecified"),
+        pytest.param("::1", id="loopback"),
+    ],
+)
+def test_ipv6_forms_of_internal_addresses_are_refused(address):
+    assert not webhooks._address_is_public(address)
+    if "%" not in address:
+        # The same address as a URL literal is refused at submission for that reason.
+        with pytest.raises(UnsafeWebhookTarget, match="non-public address") as refused:
+            check_target(f"https://[{address}]/hook")
+        assert refused.value.field == "webhook_url"
+
+
+def test_a_link_local_url_literal_with_a_zone_index_is_refused_as_non_public():
+    with pytest.raises(UnsafeWebhookTarget, match="non-public address"):
+        check_target("https://[fe80::1%lo]/hook")
+
+
+def test_a_resolved_address_carrying_a_zone_index_is_refused(monkeypatch):
+    # getaddrinfo hands the zone back as the sockaddr's scope id, apart from the address.
+    def resolve_with_zone(host, port, *args, **kwargs):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("2606:4700:4700::1111", port, 0, 1))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve_with_zone)
+    with pytest.raises(UnsafeWebhookTarget, match="non-public address"):
+        check_target("https://hooks.example/hook")
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        pytest.param("2606:4700:4700::1111", id="public-ipv6"),
+        pytest.param("64:ff9b::808:808", id="nat64-form-of-a-public-ipv4"),
+        pytest.param("::ffff:8.8.8.8", id="mapped-form-of-a-public-ipv4"),
+    ],
+)
+def test_public_ipv6_targets_and_public_ipv4_behind_nat64_or_mapping_are_accepted(address):
+    assert webhooks._address_is_public(address)
+    target = check_target(f"https://[{address}]/hook")
+    assert ipaddress.ip_address(target.address) == ipaddress.ip_address(address)
+
+
+@pytest.mark.parametrize(
+    ("address", "carried"),
+    [
+        pytest.param("::ffff:127.0.0.1", {"127.0.0.1"}, id="mapped"),
+        pytest.param("::a9fe:a9fe", {"169.254.169.254"}, id="compatible"),
+        pytest.param("64:ff9b::a9fe:a9fe", {"169.254.169.254"}, id="nat64-well-known"),
+        # RFC 6052 /48 layout: the IPv4 is split around the "u" octet (bits 64-71).
+        pytest.param("64:ff9b:1:a9fe:a9:fe00::", {"169.254.169.254"}, id="nat64-local-use"),
+        pytest.param("2002:a9fe:a9fe::1", {"169.254.169.254"}, id="6to4"),
+        pytest.param(TEREDO_TO_LOOPBACK, {"65.54.227.120", "127.0.0.1"}, id="teredo"),
+    ],
+)
+def test_every_ipv4_address_an_ipv6_form_carries_is_checked(address, carried):
+    found = {str(ip) for ip in destination_addresses(address) if ip.version == 4}
+    assert carried <= found
+
+
+def test_an_ipv6_form_of_loopback_in_a_submission_is_400_and_holds_nothing(tenant, project):
+    response = submit(tenant, spec_body(project="video", webhook_url="https://[::7f00:1]/"))
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["field"] == "webhook_url", error
+    assert "webhook_url" in error["message"] and "non-public" in error["message"]
+    assert not Job.objects.exists() and not Hold.objects.exists()
+
+
+def test_a_stored_ipv6_form_of_loopback_is_refused_at_delivery(org, monkeypatch):
+    # Stored before the check knew the form: delivery checks again and sends nothing.
+    job = finished_job(org, "https://[::7f00:1]/hook")
+
+    def must_not_send(*args, **kwargs):
+        raise AssertionError("delivery connected to a refused target")
+
+    monkeypatch.setattr(webhooks, "post_signed", must_not_send)
+    outcome = webhooks.deliver_job_webhook(job.id, try_number=1)
+    assert not outcome.delivered and outcome.retry_in is None
+    assert "non-public" in outcome.detail
+    assert JobEvent.objects.filter(job=job, data__webhook="refused").exists()
 
 
 def test_an_org_reads_its_webhook_secret(org, operator):

@@ -16,9 +16,11 @@ Targets must be https (http only with GANTRY_WEBHOOK_ALLOW_HTTP) and every addre
 host resolves to must be globally routable: loopback, private, link-local (which holds
 the cloud metadata address), CGNAT, multicast and reserved ranges are refused at
 submission and again at each delivery, unless the host is named in
-GANTRY_WEBHOOK_ALLOWED_HOSTS. A delivery connects to the address it checked (no second
-DNS lookup to rebind), never follows redirects, and is bounded by
-GANTRY_WEBHOOK_TIMEOUT_S so a slow endpoint cannot hold a worker for long.
+GANTRY_WEBHOOK_ALLOWED_HOSTS. An IPv6 address that carries an IPv4 address (mapped,
+compatible, NAT64, 6to4, Teredo) passes only if that IPv4 address passes too. A delivery
+connects to the address it checked (no second DNS lookup to rebind), never follows
+redirects, and is bounded by GANTRY_WEBHOOK_TIMEOUT_S so a slow endpoint cannot hold a
+worker for long.
 """
 
 from __future__ import annotations
@@ -102,13 +104,77 @@ def verify_signature(
     return hmac.compare_digest(expected, given)
 
 
-def _address_is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+# RFC 6052 layouts of an IPv4 address inside a NAT64 prefix of each length: (start bit,
+# bit count) pieces; bits 64-71 (the "u" octet) are always skipped.
+_RFC6052_LAYOUTS = {
+    48: ((48, 16), (72, 16)),
+    56: ((56, 8), (72, 24)),
+    64: ((72, 32),),
+    96: ((96, 32),),
+}
+_NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+
+def _rfc6052_ipv4(value: int, prefix_length: int) -> ipaddress.IPv4Address:
+    embedded = 0
+    for start, count in _RFC6052_LAYOUTS[prefix_length]:
+        piece = (value >> (128 - start - count)) & ((1 << count) - 1)
+        embedded = (embedded << count) | piece
+    return ipaddress.IPv4Address(embedded)
+
+
+def destination_addresses(
+    address: str,
+) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
+    """Every address a connection to `address` may end up reaching, for the public check.
+
+    Guarantee: an IPv6 address that carries an IPv4 address (IPv4-mapped ::ffff:a.b.c.d,
+    IPv4-compatible ::a.b.c.d, NAT64 64:ff9b::/96 and the local-use 64:ff9b:1::/48,
+    6to4 2002::/16, Teredo 2001::/32 server and client) yields that IPv4 address, and
+    for the local-use NAT64 prefix the IPv4 at each RFC 6052 position, since its length
+    is the operator's choice. The IPv6 address itself is kept (scope id included) except
+    for the IPv4-mapped and NAT64 well-known forms, which are only spellings of their
+    IPv4 destination. So `address` is safe to connect to when every returned address is
+    public; an IPv4 address or plain IPv6 address yields just itself.
+    """
+    ip = ipaddress.ip_address(address)
+    if ip.version == 4:
+        return (ip,)
+    value = int(ip)
+    embedded: list[ipaddress.IPv4Address] = []
+    if ip.ipv4_mapped is not None:
+        embedded.append(ip.ipv4_mapped)
+    elif value >> 32 == 0:  # IPv4-compatible: deprecated, still routed by some stacks
+        embedded.append(ipaddress.IPv4Address(value & 0xFFFFFFFF))
+    if ip in _NAT64_WELL_KNOWN:
+        embedded.append(_rfc6052_ipv4(value, 96))
+    if ip in _NAT64_LOCAL_USE:
+        embedded.extend(_rfc6052_ipv4(value, length) for length in _RFC6052_LAYOUTS)
+    if ip.sixtofour is not None:
+        embedded.append(ip.sixtofour)
+    if ip.teredo is not None:
+        embedded.extend(ip.teredo)  # (server, client): packets may go to either
+    # Mapped and well-known NAT64 addresses only spell their IPv4 destination (a dual-stack
+    # socket sends IPv4; IANA lists 64:ff9b::/96 as global, the stdlib flags both reserved
+    # as part of ::/8), so the IPv6 form is judged only when a zone index is attached.
+    spelling_only = (ip.ipv4_mapped is not None or ip in _NAT64_WELL_KNOWN) and not ip.scope_id
+    return tuple(dict.fromkeys(embedded if spelling_only else [ip, *embedded]))
+
+
+def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    # A zone index ties an address to one local link (fe80::1%eth0); site-local fec0::/10
+    # is deprecated but still internal, and is_global says True for it.
+    if ip.version == 6 and (ip.scope_id or ip.is_site_local):
+        return False
     # is_global is False for loopback, RFC 1918, link-local (169.254.169.254 metadata),
-    # CGNAT 100.64/10, unique-local fc00::/7, documentation and reserved ranges.
-    return ip.is_global and not ip.is_multicast
+    # CGNAT 100.64/10, unique-local fc00::/7, documentation and most reserved ranges.
+    return ip.is_global and not (ip.is_multicast or ip.is_unspecified or ip.is_reserved)
+
+
+def _address_is_public(address: str) -> bool:
+    """True only when every address a connection to `address` may reach is public."""
+    return all(_is_public(ip) for ip in destination_addresses(address))
 
 
 def check_target(url: str) -> WebhookTarget:
@@ -138,7 +204,14 @@ def check_target(url: str) -> WebhookTarget:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         refuse(f"host {host!r} does not resolve.")
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    # getaddrinfo moves a zone index ("%eth0") out of the address into the sockaddr's
+    # scope id; put it back so the check sees it.
+    addresses = list(
+        dict.fromkeys(
+            f"{info[4][0]}%{info[4][3]}" if len(info[4]) == 4 and info[4][3] else info[4][0]
+            for info in infos
+        )
+    )
     if not addresses:
         refuse(f"host {host!r} does not resolve.")
     if host not in {h.lower() for h in settings.GANTRY_WEBHOOK_ALLOWED_HOSTS}:
