@@ -215,6 +215,15 @@ GANTRY_S3_REGION = env.str("GANTRY_S3_REGION", default="")
 # The generator binary; gets --params/--output-dir/--checkpoint-dir [--resume] (docs/api.md).
 # Space-separated in the environment; empty: the bundled stand-in, run by this Python.
 GANTRY_GENERATOR_COMMAND = env.str("GANTRY_GENERATOR_COMMAND", default="").split()
+# The JSON Schema file `params` must satisfy (checked at submission, served at
+# /v1/generator/schema). Default: the stand-in's own while it is the generator, none for
+# another command (set it to that generator's schema; empty turns the check off).
+GANTRY_GENERATOR_PARAMS_SCHEMA = env.str(
+    "GANTRY_GENERATOR_PARAMS_SCHEMA",
+    default=""
+    if GANTRY_GENERATOR_COMMAND
+    else str(BASE_DIR / "apps" / "jobs" / "standin_generator.params.schema.json"),
+)
 # Per-attempt scratch folders (params.json, output dir); node-local, removed after a run.
 GANTRY_SCRATCH_ROOT = Path(
     env.str("GANTRY_SCRATCH_ROOT", default=str(BASE_DIR / ".data" / "scratch"))
@@ -238,6 +247,9 @@ GANTRY_OOM_RETRIES = env.int("GANTRY_OOM_RETRIES", default=1)
 GANTRY_QUARANTINE_NODES = env.int("GANTRY_QUARANTINE_NODES", default=3)
 # How often the recovery beat tasks run.
 GANTRY_RECOVERY_INTERVAL_S = env.float("GANTRY_RECOVERY_INTERVAL_S", default=5.0)
+# How often queued jobs past their start deadline (start_deadline_s) are cancelled; the
+# dispatcher never places them meanwhile, so this only decides how soon they end.
+GANTRY_START_DEADLINE_INTERVAL_S = env.float("GANTRY_START_DEADLINE_INTERVAL_S", default=5.0)
 # The run task never depends on a broker or pool time limit: the runner enforces
 # max_runtime_s itself and the DB lease detects a dead worker.
 CELERY_TASK_TIME_LIMIT = None
@@ -296,6 +308,10 @@ CELERY_BEAT_SCHEDULE = {
     # Attempts whose worker died (lease run out), holds left open by a crash.
     "jobs-reap-expired-leases": _every("gantry.jobs.reap_expired_leases", _RECOVERY_S),
     "jobs-close-stranded-holds": _every("gantry.jobs.close_stranded_holds", 60.0),
+    # Queued jobs that never started by their start deadline: cancelled, hold released.
+    "jobs-cancel-past-start-deadline": _every(
+        "gantry.jobs.cancel_jobs_past_start_deadline", float(GANTRY_START_DEADLINE_INTERVAL_S)
+    ),
     "jobs-redeliver-webhooks": _every("gantry.jobs.redeliver_webhooks", 600.0, expires=300.0),
     # The ledger: usage reports folded in, expiry, and the invariants checked.
     "ledger-fold-usage-reports": _every("gantry.ledger.fold_usage_reports", 1.0, expires=2.0),

@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import re
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import DateTimeField, DurationField, Func, Value
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Now
 
@@ -114,15 +115,31 @@ def _array_element(value) -> str:
     return str(value)  # int, UUID
 
 
+class NowPlus(Func):
+    """The statement's timestamp (the database clock, as Now() writes it) plus `delta`.
+
+    A deadline computed by PostgreSQL when the row is written, never by an application
+    server's clock. Django's ORM renders it like any expression; insert_rows binds the
+    delta as an interval."""
+
+    template = "(STATEMENT_TIMESTAMP() + %(expressions)s)"
+    output_field = DateTimeField()
+
+    def __init__(self, delta: timedelta):
+        self.delta = delta
+        super().__init__(Value(delta, output_field=DurationField()))
+
+
 def insert_rows(*instances, last: bool = False) -> None:
     """INSERT new model instances in one statement and one round trip.
 
     What Model.save() would write for each concrete field (auto_now_add and Python
     defaults applied; database defaults left to the database; Now() as the statement's
-    timestamp, like Django's), without its per-row query compilation: this is the
-    submission hot path. Plain rows only: no signals, no auto-increment primary keys
-    returned. Foreign keys among the rows are checked at commit (Django creates them
-    DEFERRABLE INITIALLY DEFERRED), so the order of the inserts does not matter.
+    timestamp, like Django's, and NowPlus as that timestamp plus its interval), without
+    its per-row query compilation: this is the submission hot path. Plain rows only: no
+    signals, no auto-increment primary keys returned. Foreign keys among the rows are
+    checked at commit (Django creates them DEFERRABLE INITIALLY DEFERRED), so the order
+    of the inserts does not matter.
 
     `last`: nothing else runs in the current atomic block after this; if it is the
     outermost block, the COMMIT is sent with the INSERT (apps.core.sql.execute_last).
@@ -139,6 +156,9 @@ def insert_rows(*instances, last: bool = False) -> None:
                 kinds.append(_DEFAULT)  # the database fills it in
             elif isinstance(value, Now):
                 kinds.append(_NOW)
+            elif isinstance(value, NowPlus):
+                kinds.append(_NOW_PLUS)
+                params.append(value.delta)  # bound as an interval
             elif hasattr(value, "resolve_expression"):
                 raise TypeError(f"{model_field.name}: unsupported expression {value!r}")
             else:
@@ -160,10 +180,17 @@ def insert_rows(*instances, last: bool = False) -> None:
 
 
 # How insert_rows writes each column of a row.
-_VALUE, _NOW, _DEFAULT = "value", "now", "default"
+_VALUE, _NOW, _NOW_PLUS, _DEFAULT = "value", "now", "now_plus", "default"
 # The statement text depends only on the models and which columns are defaulted or Now():
 # built once per such shape (its columns walked and quoted once, not per submission).
 _insert_sql: dict[tuple, str] = {}
+
+
+_VALUE_SQL = {
+    _VALUE: "%s",
+    _NOW: "STATEMENT_TIMESTAMP()",
+    _NOW_PLUS: "STATEMENT_TIMESTAMP() + %s",
+}
 
 
 @functools.cache
@@ -179,7 +206,7 @@ def _build_insert_sql(shape: tuple, quote) -> str:
             if kind == _DEFAULT:
                 continue
             columns.append(quote(model_field.column))
-            values.append("STATEMENT_TIMESTAMP()" if kind == _NOW else "%s")
+            values.append(_VALUE_SQL[kind])
         table = quote(model._meta.db_table)
         # Identifiers from model metadata (quoted); every value is a bound parameter.
         statements.append(

@@ -83,6 +83,11 @@ class Job(models.Model):
         null=True, blank=True, help_text="Retry backoff: not scheduled before this instant."
     )
     queued_at = models.DateTimeField(help_text="When the job last entered the queue (aging).")
+    # Written by the database clock at the insert (submission + start_deadline_s): a job
+    # that never started by then is cancelled (deadline_exceeded) and never placed.
+    start_deadline_at = models.DateTimeField(
+        null=True, blank=True, help_text="Not started by then: cancelled, nothing charged."
+    )
     checkpoint_ref = models.CharField(max_length=500, blank=True)
     gpu_type = models.CharField(max_length=32, blank=True, help_text="Of the latest placement.")
     cancel_requested = models.BooleanField(default=False)
@@ -101,6 +106,13 @@ class Job(models.Model):
             models.Index(fields=["status", "queued_at"], name="job_status_queue"),
             models.Index(fields=["org", "status"], name="job_org_status"),
             models.Index(fields=["fingerprint"], name="job_fingerprint"),
+            # The start-deadline sweep: queued jobs with a deadline, soonest first. Partial,
+            # so a submission without a deadline writes no entry, and small (queued only).
+            models.Index(
+                fields=["start_deadline_at"],
+                condition=Q(status="queued", start_deadline_at__isnull=False),
+                name="job_start_deadline",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -9,6 +9,7 @@ from rest_framework import serializers
 from apps.jobs import queue_state, validation
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.services import results
+from apps.jobs.services.lifecycle import tenant_reason
 
 
 def iso(value) -> str | None:
@@ -60,6 +61,7 @@ def job_body(job: Job, *, queue_states: dict | None = None) -> dict:
         "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
         "result": result,
         "created_at": iso(job.created_at),
+        "start_deadline_at": iso(job.start_deadline_at),
         "started_at": iso(job.started_at),
         "finished_at": iso(job.finished_at),
         "queue": _queue_of(job, queue_states),
@@ -141,6 +143,9 @@ class JobSerializer(serializers.Serializer):
     error = ErrorSerializer(allow_null=True)
     result = ResultLinkSerializer(allow_null=True)
     created_at = serializers.DateTimeField()
+    start_deadline_at = serializers.DateTimeField(
+        allow_null=True, help_text="Not started by then: cancelled (deadline_exceeded)."
+    )
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     queue = QueueSerializer(allow_null=True, help_text="Where a queued job stands; else null.")
@@ -177,6 +182,14 @@ class JobSubmitSerializer(serializers.Serializer):
     webhook_url = serializers.CharField(
         required=False, allow_blank=True, max_length=validation.MAX_WEBHOOK_URL_LENGTH
     )
+    start_deadline_s = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=validation.MAX_START_DEADLINE_S,
+        help_text="Seconds from submission: a job not started by then ends cancelled "
+        "(error code deadline_exceeded), its hold released in full. Null or absent: none.",
+    )
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -200,11 +213,12 @@ class JobEventSerializer(serializers.Serializer):
     actor = serializers.CharField()
 
     def to_representation(self, event: JobEvent) -> dict:
+        operator = self.context.get("operator", False)
         return {
             "at": iso(event.at),
             "from": event.from_status or None,
             "to": event.to_status,
-            "reason": event.reason,
+            "reason": event.reason if operator else tenant_reason(event),
             "actor": event.actor,
         }
 

@@ -120,6 +120,10 @@ def err(line: str) -> None:
 
 
 def _is_int(value) -> bool:
+    """An integer as JSON Schema counts one: 7 and 7.0, not True (its params schema,
+    standin_generator.params.schema.json, is what submissions are checked against)."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -160,7 +164,12 @@ def load_params(path: str) -> dict:
             f"(got {step_seconds!r})"
         )
 
-    return {"prompt": prompt, "seed": seed, "steps": steps, "step_seconds": float(step_seconds)}
+    return {
+        "prompt": prompt,
+        "seed": int(seed),
+        "steps": int(steps),
+        "step_seconds": float(step_seconds),
+    }
 
 
 def params_digest(params: dict) -> str:

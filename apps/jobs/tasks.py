@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from apps.jobs.services import webhooks
+from apps.jobs.services import deadlines, webhooks
 
 
 @shared_task(name="gantry.jobs.deliver_webhook", bind=True, max_retries=None, ignore_result=True)
@@ -19,3 +19,9 @@ def deliver_webhook(self, job_id: str) -> str:
 def redeliver_webhooks() -> int:
     """Queue webhooks whose publish was lost (broker down at commit time)."""
     return webhooks.redeliver_stranded()
+
+
+@shared_task(name="gantry.jobs.cancel_jobs_past_start_deadline", ignore_result=True)
+def cancel_jobs_past_start_deadline() -> int:
+    """Cancel (deadline_exceeded, hold released) queued jobs past their start deadline."""
+    return len(deadlines.cancel_jobs_past_start_deadline())

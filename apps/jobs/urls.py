@@ -9,5 +9,6 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/cancel", views.JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<uuid:job_id>/result", views.JobResultView.as_view(), name="job-result"),
     path("results/<str:token>", views.ResultDownloadView.as_view(), name="result-download"),
+    path("generator/schema", views.GeneratorSchemaView.as_view(), name="generator-schema"),
     path("webhooks/secret", views.WebhookSecretView.as_view(), name="webhook-secret"),
 ]

@@ -30,9 +30,20 @@ MAX_GPU_TYPE_LENGTH = 32
 MAX_GPU_MEMORY_GB = 1_000_000
 MAX_PROJECT_LENGTH = 200
 MAX_WEBHOOK_URL_LENGTH = 2000
+# A start deadline longer than this is no deadline a client means (and a queued job's
+# hold expires long before it: GANTRY_HOLD_QUEUE_ALLOWANCE_S).
+MAX_START_DEADLINE_S = 30 * 24 * 3600
 
 SUBMIT_FIELDS = frozenset(
-    ("project", "params", "resources", "max_runtime_s", "preemptible", "webhook_url")
+    (
+        "project",
+        "params",
+        "resources",
+        "max_runtime_s",
+        "preemptible",
+        "webhook_url",
+        "start_deadline_s",
+    )
 )
 RESOURCE_FIELDS = frozenset(("gpu_count", "gpu_types", "min_gpu_memory_gb"))
 
@@ -68,7 +79,8 @@ def validate_submit_body(data) -> dict:
     """The validated submission (what JobSubmitSerializer.validated_data would be).
 
     Keys: params, max_runtime_s, preemptible always; project, resources (gpu_count,
-    min_gpu_memory_gb, gpu_types if given) and webhook_url when given. Raises a 400
+    min_gpu_memory_gb, gpu_types if given), webhook_url and start_deadline_s (None for
+    null: no deadline) when given. Raises a 400
     GantryError (code `invalid`) naming the first offending field, in the serializer's
     words: "<field>: <message>".
     """
@@ -101,6 +113,14 @@ def _submit_body(data) -> dict:
     if webhook_url is not _MISSING:
         body["webhook_url"] = _string(
             webhook_url, ("webhook_url",), max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=True
+        )
+    deadline = data.get("start_deadline_s", _MISSING)
+    if deadline is not _MISSING:
+        # null is accepted and means no deadline, like leaving the field out.
+        body["start_deadline_s"] = (
+            None
+            if deadline is None
+            else _integer(deadline, ("start_deadline_s",), 1, MAX_START_DEADLINE_S)
         )
     return body
 

@@ -12,6 +12,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apps.accounts.models import Project
 from apps.core.errors import GantryError
@@ -29,6 +30,7 @@ from apps.jobs.serializers import (
 )
 from apps.jobs.services import results, submission, webhooks
 from apps.jobs.services.cancel import cancel_job
+from apps.jobs.services.params_schema import generator_params_schema
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     "Idempotency-Key",
@@ -123,7 +125,10 @@ class JobEventsView(GenericAPIView):
     def get(self, request, job_id):
         job = selectors.job_for(request.user, job_id)
         page = self.paginate_queryset(selectors.job_events(job))
-        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+        context = {"operator": request.user.is_operator}  # tenants read the public wording
+        return self.get_paginated_response(
+            JobEventSerializer(page, many=True, context=context).data
+        )
 
 
 class JobCancelView(GenericAPIView):
@@ -185,3 +190,14 @@ class WebhookSecretView(GenericAPIView):
                 "scheme": 't=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>',
             }
         )
+
+
+class GeneratorSchemaView(APIView):
+    """The JSON Schema that a job's `params` must satisfy (the generator's own)."""
+
+    @extend_schema(
+        operation_id="generator_schema",
+        responses={200: OpenApiResponse(description="A JSON Schema (draft 2020-12).")},
+    )
+    def get(self, request):
+        return Response(generator_params_schema())

@@ -191,7 +191,7 @@ def test_rate_limit_is_429_with_retry_after_and_retry_resubmits_once(gantry, ten
     job_id = submitted_id(retried)
     assert re.search(r"rate limited; retrying in \d+ s \(retry 1 of 3\)", retried.err)
     key = retried.err.split("Idempotency-Key: ", 1)[1].split()[0]
-    assert Job.objects.get(pk=job_id).idempotency_key == key
+    assert Job.objects.get(pk=job_id).idempotency_key.endswith(f":{key}")  # project-scoped
     assert tenant.jobs().count() == 2
 
 

@@ -142,7 +142,7 @@ def test_submission_records_the_keys_user(org, project):
         ({"max_runtime_s": 5}, "max_runtime_s"),
         ({"max_runtime_s": "soon"}, "max_runtime_s"),
         ({"params": "a red fox"}, "params"),
-        ({"params": {"prompt": "x" * 70_000}}, "params"),
+        ({"params": {"prompt": "x" * 70_000}}, "params.prompt"),  # the schema: <= 10,000
         ({"project": "no-such-project"}, "project"),
         ({"project": str(uuid.uuid4())}, "project"),
         ({"webhook_url": "ftp://client.example/hook"}, "webhook_url"),

@@ -98,6 +98,12 @@ DROP = object()
         (body_with(webhook_url=None), "webhook_url"),
         (body_with(webhook_url={"url": "x"}), "webhook_url"),
         (body_with(webhook_url="https://h/" + "x" * 2000), "webhook_url"),
+        (body_with(start_deadline_s=0), "start_deadline_s"),
+        (body_with(start_deadline_s=-1), "start_deadline_s"),
+        (body_with(start_deadline_s="soon"), "start_deadline_s"),
+        (body_with(start_deadline_s=True), "start_deadline_s"),
+        (body_with(start_deadline_s=1.5), "start_deadline_s"),
+        (body_with(start_deadline_s=30 * 24 * 3600 + 1), "start_deadline_s"),
         # Several errors at once: the first field in declaration order is named.
         (body_with(params=1, max_runtime_s="x", preemptible="x"), "params"),
         (body_with(resources={"gpu_count": 0}, max_runtime_s="x"), "resources.gpu_count"),
@@ -139,6 +145,9 @@ def test_a_body_that_is_no_object_names_no_field(body):
         body_with(preemptible="TRUE"),
         body_with(project=" video ", webhook_url="   "),
         body_with(project=12, webhook_url=""),
+        body_with(start_deadline_s=300),
+        body_with(start_deadline_s=None),
+        body_with(start_deadline_s="300"),
         body_with(params={"nested": {"a": [1, None, "x"]}, "n": None}),
     ],
 )
@@ -226,6 +235,7 @@ bodies = st.one_of(
             "max_runtime_s": st.one_of(st.integers(-5, 10**7), json_values),
             "preemptible": json_values,
             "webhook_url": st.one_of(st.text(max_size=30), json_values),
+            "start_deadline_s": st.one_of(st.integers(-5, 3_000_000), json_values),
             "priority": json_values,
             "a": json_values,
         },
@@ -251,6 +261,7 @@ def test_the_schema_still_documents_the_submission_body(client):
         "max_runtime_s",
         "preemptible",
         "webhook_url",
+        "start_deadline_s",
     }
     assert set(submit_schema["required"]) == {"params", "max_runtime_s"}
 

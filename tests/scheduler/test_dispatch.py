@@ -18,7 +18,8 @@ from apps.scheduler.policy import Place
 from apps.scheduler.services.dispatch import apply_placement, run_dispatch_tick
 from apps.scheduler.services.recovery import requeue_attempt
 from apps.scheduler.services.snapshot import build_snapshot
-from tests.factories import OrgFactory
+from tests.conftest import client_with
+from tests.factories import OrgFactory, operator_key, org_key
 from tests.scheduler.factories import (
     A100_PRICE,
     H100_PRICE,
@@ -297,6 +298,24 @@ def test_an_enterprise_job_preempts_a_free_one_then_takes_its_gpus_once_they_are
     assert live_attempt(urgent).node == node
     assert not NodeClaim.objects.exists()
     assert Job.objects.get(pk=victim.pk).status == JobStatus.QUEUED
+
+
+def test_a_preempted_tenant_reads_why_without_the_other_job_its_org_or_scores():
+    _, victim = _full_node_of_free_and_paid_work(preemptible=True)
+    urgent_org = OrgFactory(tier=Tier.ENTERPRISE)
+    urgent = queued_since(120, org=urgent_org, gpu_count=2)
+    assert run_dispatch_tick().preempted == 1
+
+    as_tenant = client_with(org_key(victim.org)).get(f"/v1/jobs/{victim.pk}/events").json()
+    as_operator = client_with(operator_key()).get(f"/v1/jobs/{victim.pk}/events").json()
+
+    tenant_reasons = " | ".join(e["reason"] for e in as_tenant["results"])
+    for secret in (str(urgent.pk), str(urgent.pk)[:8], str(urgent_org.pk)[:8], "fair share"):
+        assert secret not in tenant_reasons, tenant_reasons
+    assert "preempted for a higher-priority job" in tenant_reasons
+    assert "placed on" in tenant_reasons  # its own node and GPUs are its to know
+    operator_reasons = " | ".join(e["reason"] for e in as_operator["results"])
+    assert str(urgent.pk) in operator_reasons  # the whole story stays for operators
 
 
 def test_a_non_preemptible_job_is_never_stopped():

@@ -50,8 +50,13 @@ def transition(
     attempt: Attempt | None = None,
     changes: dict | None = None,
     data: dict | None = None,
+    public_reason: str = "",
 ) -> Job:
     """Move the job to `to`, or raise IllegalTransition and change nothing.
+
+    `reason` is the whole story, for operators (admin, audit trail); `public_reason`,
+    when the reason names anything beyond the job's own tenant (another job or org, the
+    scheduler's scores), is what the tenant reads instead (`tenant_reason`).
 
     `only_from` narrows the legal sources further (a caller that expects `running`
     must not move a job that is already `preempting`). `changes` are other job fields
@@ -82,13 +87,15 @@ def transition(
             to_status=to,
             reason=reason,
             actor=actor,
-            data=data or {},
+            data=_with_public_reason(data, public_reason),
         )
         job.refresh_from_db()
         return job
 
 
-def record_event(job: Job, *, reason: str, actor: str, data: dict | None = None) -> JobEvent:
+def record_event(
+    job: Job, *, reason: str, actor: str, data: dict | None = None, public_reason: str = ""
+) -> JobEvent:
     """A note in the job's log that is not a status change (e.g. a retry decision)."""
     return JobEvent.objects.create(
         job=job,
@@ -96,5 +103,18 @@ def record_event(job: Job, *, reason: str, actor: str, data: dict | None = None)
         to_status=job.status,
         reason=reason,
         actor=actor,
-        data=data or {},
+        data=_with_public_reason(data, public_reason),
     )
+
+
+PUBLIC_REASON = "public_reason"
+
+
+def _with_public_reason(data: dict | None, public_reason: str) -> dict:
+    return {**(data or {}), PUBLIC_REASON: public_reason} if public_reason else (data or {})
+
+
+def tenant_reason(event: JobEvent) -> str:
+    """What the job's tenant reads of `event`: its public wording where the full reason
+    names more than the tenant's own job."""
+    return (event.data or {}).get(PUBLIC_REASON) or event.reason

@@ -33,6 +33,9 @@ class JobSpec:
     min_gpu_memory_gb: int = 0
     preemptible: bool = True
     webhook_url: str = ""
+    # Seconds from submission to start by, else cancelled (deadline_exceeded); None: none.
+    # Not part of the fingerprint: it says when to run, not what.
+    start_deadline_s: int | None = None
 
     @property
     def resources(self) -> dict:
@@ -58,7 +61,9 @@ def request_digest_of(body) -> str:
 
 
 def spec_of(job: Job) -> JobSpec:
-    """The spec a job was submitted with (for a requeued copy)."""
+    """The spec a job was submitted with (for a requeued copy). Its start deadline is
+    not carried: it was relative to the original submission, and an operator who runs
+    the job again wants it run."""
     return JobSpec(
         params=job.params,
         max_runtime_s=job.max_runtime_s,

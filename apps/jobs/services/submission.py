@@ -35,12 +35,13 @@ from apps.accounts import selectors as accounts
 from apps.accounts.models import APIKey, Org, Project, User
 from apps.core.errors import Conflict
 from apps.core.logging import current_request_id
-from apps.core.sql import insert_rows
+from apps.core.sql import NowPlus, insert_rows
 from apps.core.wakeup import wake_dispatcher
 from apps.fleet.selectors import GpuTypeInfo
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus
 from apps.jobs.services import admission, lifecycle, webhooks
+from apps.jobs.services.params_schema import check_params
 from apps.jobs.services.spec import (
     JobSpec,
     fingerprint_of,
@@ -80,6 +81,7 @@ def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submis
     org = api_key.org
     admission.admit(org)
     data = validate_submit_body(body)
+    check_params(data["params"])
     resources = data.get("resources") or {}
     spec = JobSpec(
         params=data["params"],
@@ -89,6 +91,7 @@ def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submis
         min_gpu_memory_gb=resources.get("min_gpu_memory_gb", 0),
         preemptible=data["preemptible"],
         webhook_url=data.get("webhook_url", ""),
+        start_deadline_s=data.get("start_deadline_s"),
     )
     project = accounts.resolve_project(org, data.get("project"), key_project=api_key.project)
     return submit_job(
@@ -122,7 +125,9 @@ def submit_job(
     `idempotency_key` returns the same job (`replayed`) and never holds twice; with a
     different `request_digest` it is a 409. With the org's dedup on, an identical spec
     returns a new job that is already succeeded and reuses the earlier result, with no
-    hold and no charge (`deduplicated`). Rate limits are the caller's (admission.admit).
+    hold and no charge (`deduplicated`). With `spec.start_deadline_s`, the job's
+    start_deadline_at is the database clock at the insert plus those seconds (see
+    services.deadlines). Rate limits are the caller's (admission.admit).
     """
     allowed = validate_spec(spec, tier=org.tier)
     fingerprint = fingerprint_of(spec)
@@ -158,6 +163,12 @@ def submit_job(
             "idempotency_key": key,
             "request_digest": request_digest,
             "queued_at": Now(),
+            # The database clock at the insert, like queued_at: submission + the seconds.
+            "start_deadline_at": (
+                NowPlus(timedelta(seconds=spec.start_deadline_s))
+                if spec.start_deadline_s is not None
+                else None
+            ),
         }
         if allow_dedup and org.dedup_enabled:
             source = selectors.dedup_source(org.id, fingerprint)
@@ -195,6 +206,12 @@ def submit_job(
         # round trip (the COMMIT goes with the INSERT), so they stay locked as briefly
         # as possible. Nothing may follow it in this block.
         insert_rows(job, event, last=True)
+    if spec.start_deadline_s is not None:
+        # The database computed the deadline at the insert: read it back for the answer
+        # (one primary-key read, only for a submission that set one).
+        job.start_deadline_at = (
+            Job.objects.filter(pk=job.id).values_list("start_deadline_at", flat=True).get()
+        )
     return Submission(job=job, allowed_types=allowed)
 
 
@@ -223,7 +240,12 @@ def _create_deduplicated(common: dict, *, source: Job, actor: str) -> Job:
         to_status=JobStatus.SUCCEEDED,
         reason=f"deduplicated: identical to job {original_id}, whose result is reused (no charge)",
         actor=actor,
-        data={"reused_from": str(original_id)},
+        data={
+            "reused_from": str(original_id),
+            # The earlier job may be another project's: the tenant reads no id.
+            lifecycle.PUBLIC_REASON: "deduplicated: identical to an earlier job, "
+            "whose result is reused (no charge)",
+        },
     )
     if job.webhook_url:
         transaction.on_commit(lambda: webhooks.enqueue_delivery(job.id))

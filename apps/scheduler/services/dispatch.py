@@ -35,6 +35,7 @@ from apps.core.logging import job_log_context
 from apps.fleet.models import Gpu, NodeState, node_queue
 from apps.jobs import queue_state
 from apps.jobs.models import Attempt, GpuAssignment, Job, JobStatus
+from apps.jobs.services.deadlines import PAST_START_DEADLINE
 from apps.jobs.services.lifecycle import transition
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
 from apps.scheduler.policy import TIERS, Decision, Place, Preempt, Reserve, Waiting, schedule_round
@@ -207,8 +208,9 @@ def apply_placement(decision: Place, *, tick: uuid.UUID) -> AppliedDecision:
     """Start `decision.job_id` on its GPUs: attempt + assignments + queued → scheduled.
 
     All or nothing, in one transaction that locks the job row first. Refused (and
-    recorded as skipped) when the job is no longer queued, the node is not active, the
-    GPUs are not what the decision says, or any GPU already has a live assignment.
+    recorded as skipped) when the job is no longer queued or is past its start deadline
+    (database clock, under the job's row lock), the node is not active, the GPUs are not
+    what the decision says, or any GPU already has a live assignment.
     On commit, publishes `gantry.jobs.run_attempt(attempt_id, fencing_token)` to the
     node's queue.
     """
@@ -231,10 +233,15 @@ def _place(decision: Place, *, tick: uuid.UUID) -> Attempt:
     job = (
         Job.objects.select_for_update()
         .only("id", "status", "attempt_count", "gpu_count", "gpu_types", "min_gpu_memory_gb")
+        # Read with the row lock, by the database clock: the snapshot left out jobs past
+        # their start deadline, but one may have passed it since; it must not start.
+        .annotate(past_start_deadline=PAST_START_DEADLINE)
         .get(pk=decision.job_id)
     )
     if job.status != JobStatus.QUEUED:
         raise Refused(f"job {job.id} is {job.status}, no longer queued")
+    if job.past_start_deadline:
+        raise Refused(f"job {job.id} is past its start deadline")
     if len(decision.gpu_ids) != job.gpu_count:
         raise Refused(f"job {job.id} needs {job.gpu_count} GPUs, got {len(decision.gpu_ids)}")
     node_id, node_state = node_for_share(decision.node)
@@ -289,6 +296,7 @@ def _place(decision: Place, *, tick: uuid.UUID) -> Attempt:
         to=JobStatus.SCHEDULED,
         only_from=[JobStatus.QUEUED],
         reason=f"placed on {where}: {decision.reason}",
+        public_reason=f"placed on {where}",  # the policy's reason carries fair-share scores
         actor=ACTOR,
         attempt=attempt,
         changes={

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from apps.fleet.models import NodeState
 from apps.jobs.models import Attempt, AttemptState, Job, JobStatus
+from apps.jobs.services.deadlines import PAST_START_DEADLINE
 from apps.jobs.services.lifecycle import transition
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision
 from apps.scheduler.policy import Preempt
@@ -32,14 +33,20 @@ from apps.scheduler.services.decisions import (
     skip_reason,
 )
 
+# What a preempted job's tenant reads: never the other job, its org or the scores.
+PREEMPTED_FOR_TENANT = (
+    "preempted for a higher-priority job; it is requeued and resumes from its last checkpoint"
+)
+
 
 def apply_preemption(decision: Preempt, *, tick: uuid.UUID) -> AppliedDecision:
     """Move every victim running → preempting and claim the node for the waiting job.
 
     All or nothing, in one transaction that locks the victims' and the waiting job's
     rows in primary-key order. Refused (recorded as skipped, nobody is stopped) when the
-    waiting job is no longer queued, the node is not active, or any victim is no longer
-    running that very attempt on that node, or is not preemptible.
+    waiting job is no longer queued or is past its start deadline, the node is not
+    active, or any victim is no longer running that very attempt on that node, or is
+    not preemptible.
     """
     try:
         with transaction.atomic():
@@ -66,10 +73,13 @@ def _preempt(decision: Preempt, *, tick: uuid.UUID) -> None:
         .filter(pk__in={for_job, *victims_by_attempt.values()})
         .order_by("pk")
         .only("id", "status", "tier", "preemptible")
+        .annotate(past_start_deadline=PAST_START_DEADLINE)
     }
     waiting = locked.get(for_job)
     if waiting is None or waiting.status != JobStatus.QUEUED:
         raise Refused(f"job {for_job} is no longer queued")
+    if waiting.past_start_deadline:  # it will be cancelled, not started: stop nobody for it
+        raise Refused(f"job {for_job} is past its start deadline")
     node_id, node_state = node_for_share(decision.node)
     if node_state != NodeState.ACTIVE:
         raise Refused(f"node {decision.node} is {node_state}")
@@ -101,6 +111,7 @@ def _preempt(decision: Preempt, *, tick: uuid.UUID) -> None:
             actor=ACTOR,
             attempt=attempts[attempt_id],
             data={"for_job": str(waiting.pk), "node": decision.node},
+            public_reason=PREEMPTED_FOR_TENANT,
         )
     for job_id in victims_by_attempt.values():
         transaction.on_commit(metrics.PREEMPTED_JOBS.labels(locked[job_id].tier).inc)

@@ -73,7 +73,8 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
 
     Guarantee: every GPU with a live GpuAssignment is marked not free; every live
     attempt is a running allocation (stopping if its job is being preempted or
-    cancelled); only queued jobs whose backoff (not_before) has passed are offered.
+    cancelled); only queued jobs whose backoff (not_before) has passed are offered, and
+    none that never started and is past its start deadline (start_deadline_at).
     Ids in the snapshot are strings (jobs, attempts, orgs, users) and integers (GPUs);
     times are epoch seconds of the database clock, computed by PostgreSQL.
     """
@@ -245,13 +246,16 @@ def _running(now: float, gpus_of: dict[str, list[int]]):
 # jobs in the policy's FIFO order (a preempted job keeps its place: it has waited since it
 # was submitted), plus every job with a claim; `depth` is `window_depth`: the largest
 # that keeps sum(min(user's jobs, depth)) within the window, and at least `per_user`.
-# Times come back as epoch floats: cheap to read, one clock.
+# Times come back as epoch floats: cheap to read, one clock. A job that never started and
+# is past its start deadline is not eligible: it is never placed, and the deadline sweep
+# (jobs.services.deadlines) cancels it; one that started before (preempted, retried) met it.
 QUEUED_SQL = """
 WITH eligible AS (
     SELECT id, org_id, user_id,
            CASE WHEN preemption_count > 0 THEN created_at ELSE queued_at END AS submitted
     FROM {job}
     WHERE status = 'queued' AND (not_before IS NULL OR not_before <= now())
+      AND (start_deadline_at IS NULL OR start_deadline_at > now() OR started_at IS NOT NULL)
 ), ranked AS (
     SELECT id, row_number() OVER (PARTITION BY org_id, user_id
                                   ORDER BY submitted, id) AS position
@@ -279,19 +283,25 @@ JOIN {job} j ON j.id = o.id
 LEFT JOIN {claim} c ON c.job_id = j.id
 LEFT JOIN {node} n ON n.id = c.node_id
 WHERE j.status = 'queued' AND (j.not_before IS NULL OR j.not_before <= now())
+  AND (j.start_deadline_at IS NULL OR j.start_deadline_at > now() OR j.started_at IS NOT NULL)
 ORDER BY CASE WHEN j.preemption_count > 0 THEN j.created_at ELSE j.queued_at END, j.id
 """
 
 # Every queued job, per (tier, org): all of them (the queue-depth gauge), and those
-# eligible now with the GPUs they ask for (the org's demand, listed or not).
+# eligible now with the GPUs they ask for (the org's demand, listed or not), eligible as
+# QUEUED_SQL has it.
 QUEUE_TOTALS_SQL = """
 SELECT tier, org_id::text, count(*),
-       count(*) FILTER (WHERE not_before IS NULL OR not_before <= now()),
-       COALESCE(sum(gpu_count) FILTER (WHERE not_before IS NULL OR not_before <= now()), 0)
+       count(*) FILTER (WHERE {eligible}),
+       COALESCE(sum(gpu_count) FILTER (WHERE {eligible}), 0)
 FROM {job}
 WHERE status = 'queued'
 GROUP BY tier, org_id
 """
+_ELIGIBLE_NOW = (
+    "(not_before IS NULL OR not_before <= now())"
+    " AND (start_deadline_at IS NULL OR start_deadline_at > now() OR started_at IS NOT NULL)"
+)
 
 
 def _queued(config: PolicyConfig) -> list[QueuedJob]:
@@ -364,7 +374,9 @@ def _queue_totals(
         counts[1] += job.gpu_count
     depth: dict[str, int] = {}
     backlog: dict[tuple[str, str], QueueBacklog] = {}
-    for tier, org, queued, eligible, gpus in _rows(QUEUE_TOTALS_SQL.format(job=Job._meta.db_table)):
+    for tier, org, queued, eligible, gpus in _rows(
+        QUEUE_TOTALS_SQL.format(job=Job._meta.db_table, eligible=_ELIGIBLE_NOW)
+    ):
         depth[tier] = depth.get(tier, 0) + queued
         jobs_shown, gpus_shown = shown.get((tier, org), (0, 0))
         if eligible > jobs_shown:
