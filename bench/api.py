@@ -277,6 +277,7 @@ def start_scratch_server(args) -> tuple[subprocess.Popen, dict]:
             "REDIS_URL": args.redis_url,
             "GANTRY_LOG_LEVEL": "WARNING",
             "DJANGO_SETTINGS_MODULE": "config.settings",
+            "GANTRY_API_THREADS": str(args.server_threads),
         }
     )
     python = sys.executable
@@ -293,7 +294,7 @@ def start_scratch_server(args) -> tuple[subprocess.Popen, dict]:
     port = free_port()
     argv = [
         str(BIN / "gunicorn"),
-        "config.wsgi",
+        "config.wsgi" if args.worker_class in ("gthread", "sync") else "config.asgi:application",
         "--bind",
         f"127.0.0.1:{port}",
         "--workers",
@@ -348,10 +349,16 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="connections per process")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
-    # The API's own settings (config/gunicorn.py: gthread, 4 threads; 3 workers by default).
+    # The API's own settings (config/gunicorn.py: uvicorn workers, 4 request threads each
+    # (GANTRY_API_THREADS); 3 workers by default).
     parser.add_argument("--server-workers", type=int, default=3)
     parser.add_argument("--server-threads", type=int, default=4)
-    parser.add_argument("--worker-class", default="gthread")
+    parser.add_argument(
+        "--worker-class",
+        default="uvicorn_worker.UvicornWorker",
+        help="uvicorn_worker.UvicornWorker (config.asgi, as `make up` serves) or gthread "
+        "(config.wsgi, the earlier server, for comparison)",
+    )
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     )

@@ -1,6 +1,6 @@
 """Gunicorn settings of the API: Prometheus across worker processes, JSON logs.
 
-    gunicorn config.wsgi -c config/gunicorn.py --bind 127.0.0.1:8000 --workers 3
+    gunicorn config.asgi:application -c config/gunicorn.py --bind 127.0.0.1:8000 --workers 3
 
 Every worker process writes its metric samples to PROMETHEUS_MULTIPROC_DIR and /metrics
 adds them up (apps/core/metrics.py), so a scrape that lands on any worker sees the whole
@@ -30,19 +30,16 @@ def child_exit(server, worker):
     metrics.mark_process_dead(worker.pid)
 
 
-# Threaded workers with keep-alive: per request, sync workers (a connection each) cost
-# about 40 % more CPU here and served half the /healthz rate (bench/api.py, 2 cores);
-# 4 threads a process let one thread run while the others wait on PostgreSQL or Redis.
-worker_class = "gthread"
-# No request-line limit here: apps.core.middleware.RequestGuardMiddleware answers a URL
-# over 8 KiB with a JSON 414, where gunicorn's own limit (4 KiB) answers in plain text. A
-# proxy in front of the API (nginx: large_client_header_buffers) bounds what arrives.
+# uvicorn workers running config.asgi: job streams as coroutines, every other request on
+# the WSGI app in a pool of GANTRY_API_THREADS threads (4), as gthread workers did (the
+# same CPU per submission, bench/api.py; docs/decisions.md). Sync workers (a connection
+# each) cost about 40 % more CPU and served half the /healthz rate.
+worker_class = "uvicorn_worker.UvicornWorker"
+# A URL over 8 KiB is answered by apps.core.middleware.RequestGuardMiddleware with a JSON
+# 414; a proxy in front of the API (nginx: large_client_header_buffers) bounds what arrives.
 limit_request_line = 0
-threads = 4
 
-# One JSON object a line, like the rest of the platform; the access line names the
-# request id the API answered with (X-Request-Id).
-access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s agent="%(a)s"'
+# One JSON object a line, like the rest of the platform (access lines: apps/core/access_log.py).
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -54,5 +51,9 @@ logconfig_dict = {
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["console"], "propagate": False},
         "gunicorn.access": {"level": "INFO", "handlers": ["console"], "propagate": False},
+        "uvicorn.error": {"level": "INFO", "handlers": ["console"], "propagate": False},
+        # Access lines come from apps.core.access_log (gantry.access), with the request id.
+        "uvicorn.access": {"level": "WARNING", "handlers": ["console"], "propagate": False},
+        "gantry.access": {"level": "INFO", "handlers": ["console"], "propagate": False},
     },
 }

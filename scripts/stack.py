@@ -228,15 +228,13 @@ def api_process(*, port: int, workers: int | str = 3, address: str = "127.0.0.1"
     """gunicorn with config/gunicorn.py (metrics of all its workers, JSON logs)."""
     return [
         str(BIN / "gunicorn"),
-        "config.wsgi",
+        "config.asgi:application",
         "--config",
         str(ROOT / "config" / "gunicorn.py"),
         "--bind",
         f"{address}:{port}",
         "--workers",
         str(workers),
-        "--access-logfile",
-        "-",
     ]
 
 

@@ -11,9 +11,11 @@ the unclaimed-attempt recovery and the usage fold in-process.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -317,6 +319,46 @@ def pool_fixture(*nodes: str, scope: str = "module"):
             pool.stop_all()
 
     return workers
+
+
+@dataclass
+class ApiServer(Process):
+    """The API as `make up` serves it (gunicorn, uvicorn workers, config.asgi), on the
+    test database: for what the in-process test client cannot show (streams)."""
+
+    url: str = ""
+
+    @classmethod
+    def launch(cls, pool: WorkerPool, *, workers: int = 1) -> ApiServer:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        argv = [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "config.asgi:application",
+            "--config",
+            str(ROOT / "config" / "gunicorn.py"),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+        ]
+        env = worker_env(pool.media_root, pool.scratch_root)
+        server = cls("api", argv, env, pool.tmp / "api.log", url=f"http://127.0.0.1:{port}")
+        server.start()
+        deadline = time.monotonic() + 60
+        while True:
+            server.check_alive()
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    return server
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"api server not ready:\n{server.log()[-3000:]}")
+            time.sleep(0.2)
 
 
 def apply_fast_settings(settings_fixture, pool: WorkerPool) -> None:

@@ -32,6 +32,11 @@ def job_for(principal, job_id) -> Job:
     return get_object_or_404(visible_jobs(principal), pk=job_id)
 
 
+def job_for_stream(job_id) -> Job:
+    """The job (with its hold) for a stream that already checked who may read it."""
+    return Job.objects.select_related("hold").get(pk=job_id)
+
+
 def jobs_listing(principal, *, status: str | None = None, project_id=None) -> QuerySet[Job]:
     jobs = visible_jobs(principal)
     if status:

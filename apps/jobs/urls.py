@@ -7,6 +7,7 @@ urlpatterns = [
     path("jobs/<uuid:job_id>", views.JobDetailView.as_view(), name="job"),
     path("jobs/<uuid:job_id>/events", views.JobEventsView.as_view(), name="job-events"),
     path("jobs/<uuid:job_id>/cancel", views.JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<uuid:job_id>/stream", views.job_stream, name="job-stream"),
     path("jobs/<uuid:job_id>/result", views.JobResultView.as_view(), name="job-result"),
     path("results/<str:token>", views.ResultDownloadView.as_view(), name="result-download"),
     path("generator/schema", views.GeneratorSchemaView.as_view(), name="generator-schema"),

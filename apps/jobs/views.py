@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import uuid
 
-from django.http import FileResponse, HttpResponseRedirect
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpResponseRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.authentication import APIKeyAuthentication
 from apps.accounts.models import Project
-from apps.core.errors import GantryError
+from apps.core.errors import GantryError, problem
 from apps.core.idempotency import idempotency_key_of, idempotent
 from apps.core.pagination import OpaqueCursorPagination
-from apps.jobs import queue_state, selectors
+from apps.jobs import queue_state, selectors, streams
 from apps.jobs.models import JobStatus
 from apps.jobs.serializers import (
     JobEventSerializer,
@@ -201,3 +210,55 @@ class GeneratorSchemaView(APIView):
     )
     def get(self, request):
         return Response(generator_params_schema())
+
+
+def _stream_principal_and_job(request, job_id):
+    """Authenticate as the API does and find the job the key may read (blocking)."""
+    try:
+        principal, _ = APIKeyAuthentication().authenticate(request) or (None, None)
+    except AuthenticationFailed as exc:
+        return _problem("unauthenticated", str(exc.detail), 401), None
+    if principal is None:
+        return _problem(
+            "unauthenticated", "Authentication credentials were not provided.", 401
+        ), None
+    try:
+        job = selectors.job_for(principal, job_id)
+    except Http404:
+        return _problem("not_found", "Not found.", 404), None
+    return None, job
+
+
+def _problem(code: str, message: str, status_code: int) -> JsonResponse:
+    return JsonResponse(problem(code, message, status_code=status_code), status=status_code)
+
+
+async def job_stream(request, job_id):
+    """GET /v1/jobs/{id}/stream: Server-Sent Events of the job body (apps/jobs/streams.py).
+
+    Served by Django's async handler (config/asgi.py), so an open stream holds no thread."""
+    if request.method != "GET":
+        return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
+    run_sync = sync_to_async(thread_sensitive=False)
+    refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
+    if refusal is not None:
+        return refusal
+
+    def read_body() -> dict:
+        try:
+            return job_body(selectors.job_for_stream(job.pk))
+        finally:
+            close_old_connections()
+
+    def read_queue() -> dict | None:
+        state = queue_state.read([job.pk]).get(str(job.pk))
+        return state.body() if state is not None else None
+
+    async def call(fn):
+        return await run_sync(fn)()
+
+    events = streams.job_events(job.pk, read_body=read_body, read_queue=read_queue, run_sync=call)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
+    return response

@@ -94,7 +94,7 @@ def test_a_terminal_transition_queues_the_webhook_on_commit(
 
     with django_capture_on_commit_callbacks() as callbacks:
         transition(with_hook.id, to=JobStatus.PREEMPTING, reason="make room", actor="test")
-    assert callbacks == []
+    assert not [cb for cb in callbacks if getattr(cb, "func", None) is enqueue_delivery]
 
     job = JobFactory(org=org, status=JobStatus.RUNNING, webhook_url="https://hooks.test/y")
     with django_capture_on_commit_callbacks() as callbacks:

@@ -112,7 +112,7 @@ def serving_pids(stack, request_ids: list[str]) -> dict[str, int]:
     """{request id: pid of the gunicorn worker that served it}, from the JSON access log."""
     pids = {}
     for line in stack.api.log().splitlines():
-        if line.startswith("{") and '"gunicorn.access"' in line:
+        if line.startswith("{") and '"gantry.access"' in line:
             entry = json.loads(line)
             for request_id in request_ids:
                 if f"request_id={request_id} " in entry["msg"]:

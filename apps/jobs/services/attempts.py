@@ -32,7 +32,7 @@ from django.db.models import F, QuerySet
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from apps.core.wakeup import wake_dispatcher
-from apps.jobs import metrics
+from apps.jobs import metrics, streams
 from apps.jobs.models import (
     CLAIMED_ATTEMPT_STATES,
     TERMINAL_STATUSES,
@@ -236,6 +236,8 @@ def heartbeat(
             job_updates["checkpoint_ref"] = checkpoint
         if job_updates and job.status not in TERMINAL_STATUSES:
             Job.objects.filter(pk=job.pk).update(**job_updates)
+            if "progress" in job_updates:
+                streams.announce_job_changed(job.pk)
         if resumed_step is not None:
             lifecycle.record_event(
                 job,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from apps.core.errors import Conflict
+from apps.jobs import streams
 from apps.jobs.models import Attempt, AttemptState, ExitClass, Job, JobStatus
 from apps.jobs.services.attempts import end_attempt
 from apps.jobs.services.lifecycle import record_event
@@ -61,6 +62,7 @@ def cancel_job(job_id, *, actor: str, reason: str = "cancelled by the client") -
                 )
         if not job.cancel_requested:
             Job.objects.filter(pk=job.pk).update(cancel_requested=True)
+            streams.announce_job_changed(job.pk)
             record_event(
                 job,
                 reason=f"cancel requested ({reason}); the worker stops the run at its next "

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from apps.core.errors import Conflict
+from apps.jobs import streams
 from apps.jobs.models import TERMINAL_STATUSES, Attempt, Job, JobEvent
 from apps.jobs.models import JobStatus as S
 
@@ -89,6 +90,7 @@ def transition(
             actor=actor,
             data=_with_public_reason(data, public_reason),
         )
+        streams.announce_job_changed(job.pk)
         job.refresh_from_db()
         return job
 

@@ -1,0 +1,128 @@
+"""Live job status for `GET /v1/jobs/{id}/stream` (Server-Sent Events).
+
+Whatever changes a job (a transition, a progress report) publishes a nudge on the job's
+channel once its transaction commits (`announce_job_changed`). Each open stream is a
+coroutine on the API's event loop (config/asgi.py serves stream paths with Django's
+async handler), waiting on the process's shared subscription (apps.core.pubsub), so a
+listener costs a queue and a task, not a thread or a connection. Nudged, it re-reads the
+job from PostgreSQL (in a worker thread) and sends `event: job` with the body if
+anything a tenant sees changed: status, progress (at most twice a second), queue
+position, reason or estimate, attempts, cost. While queued it also re-reads the
+queue entry the dispatcher publishes to Redis every few seconds; and every
+`FULL_REREAD_S` it re-reads the job regardless, since pub/sub loses what nobody heard
+(a restart of Redis, a listener that subscribed a moment late). After a terminal status
+the stream sends the final body and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from django.db import transaction
+
+from apps.core.pubsub import channel_hub
+from apps.core.redis import redis_client
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_MIN_INTERVAL_S = 0.5  # API.md: progress at most twice a second
+QUEUE_POLL_S = 2.0  # a queued job's position and estimate, from Redis
+FULL_REREAD_S = 15.0  # the job itself, in case a nudge was lost
+KEEPALIVE_S = 15.0  # a comment line keeps proxies from closing an idle stream
+TERMINAL = frozenset(("succeeded", "failed", "timed_out", "cancelled"))
+
+
+def channel_of(job_id) -> str:
+    return f"gantry:job-changed:{job_id}"
+
+
+def announce_job_changed(job_id) -> None:
+    """Nudge the job's listeners once the current transaction commits (right away
+    outside one). Best effort: Redis down only delays listeners until their re-read."""
+
+    def publish():
+        try:
+            redis_client().publish(channel_of(job_id), b"1")
+        except Exception:
+            logger.debug("job change nudge not published", exc_info=True)
+
+    transaction.on_commit(publish, robust=True)
+
+
+def _seen_by_tenant(body: dict) -> tuple:
+    """The parts of a body whose change is news (the result link is re-signed on every
+    read, so it does not count)."""
+    hold = body.get("hold") or {}
+    return (
+        body.get("status"),
+        body.get("attempts"),
+        body.get("preemptions"),
+        body.get("gpu_type"),
+        body.get("node"),
+        json.dumps(body.get("queue"), sort_keys=True),
+        json.dumps(body.get("error"), sort_keys=True),
+        hold.get("state"),
+        hold.get("charged"),
+        body.get("cancel_requested"),
+    )
+
+
+def sse_event(body: dict, *, event_id: int) -> str:
+    data = json.dumps(body, separators=(",", ":"))
+    return f"event: job\nid: {event_id}\ndata: {data}\n\n"
+
+
+async def job_events(
+    job_id,
+    *,
+    read_body: Callable[[], dict],
+    read_queue: Callable[[], dict | None],
+    run_sync: Callable,
+) -> AsyncIterator[str]:
+    """The stream of one job: its body at once, then on every change a tenant sees,
+    closing after a terminal status.
+
+    `read_body()` reads the job body from PostgreSQL and `read_queue()` only its queue
+    entry from Redis (both blocking, run through `run_sync`)."""
+    body = await run_sync(read_body)
+    event_id = 1
+    yield sse_event(body, event_id=event_id)
+    if body["status"] in TERMINAL:
+        return
+    seen, progress = _seen_by_tenant(body), body.get("progress")  # seen[0]: the status
+    last_sent = last_full = time.monotonic()
+    async with channel_hub().listen(channel_of(job_id)) as nudges:
+        while True:
+            queued = body["status"] == "queued"
+            wait = QUEUE_POLL_S if queued else min(FULL_REREAD_S, KEEPALIVE_S)
+            nudged = True
+            try:
+                await asyncio.wait_for(nudges.get(), timeout=wait)
+            except TimeoutError:
+                nudged = False
+            now = time.monotonic()
+            if nudged or now - last_full >= FULL_REREAD_S:
+                body, last_full = await run_sync(read_body), now
+            elif queued:
+                entry = await run_sync(read_queue)
+                if entry is not None:
+                    body = {**body, "queue": entry}
+            news = _seen_by_tenant(body) != seen or body.get("progress") != progress
+            if news and body["status"] == seen[0] and now - last_sent < PROGRESS_MIN_INTERVAL_S:
+                # Within a status, updates (progress, cost) come at most twice a second:
+                # hold this one back and send the latest then.
+                await asyncio.sleep(PROGRESS_MIN_INTERVAL_S - (now - last_sent))
+                body, now = await run_sync(read_body), time.monotonic()
+            if news:
+                event_id += 1
+                yield sse_event(body, event_id=event_id)
+                seen, progress, last_sent = _seen_by_tenant(body), body.get("progress"), now
+            elif now - last_sent >= KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                last_sent = now
+            if body["status"] in TERMINAL:
+                return
