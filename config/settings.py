@@ -205,6 +205,9 @@ GANTRY_WEBHOOK_BACKOFF_BASE_S = env.float("GANTRY_WEBHOOK_BACKOFF_BASE_S", defau
 GANTRY_WEBHOOK_BACKOFF_MAX_S = env.float("GANTRY_WEBHOOK_BACKOFF_MAX_S", default=600.0)
 # Results: "filesystem" (under MEDIA_ROOT) or "s3" (any S3-compatible store; needs boto3).
 GANTRY_RESULT_STORAGE = env.str("GANTRY_RESULT_STORAGE", default="filesystem")
+# Each attempt's generator output (stdout and stderr) is kept up to this many bytes: the
+# first and the last half of a longer one, with a line saying what was cut.
+GANTRY_LOG_LIMIT_BYTES = env.int("GANTRY_LOG_LIMIT_BYTES", default=1024 * 1024)
 GANTRY_RESULT_URL_TTL_S = env.int("GANTRY_RESULT_URL_TTL_S", default=3600)
 GANTRY_S3_BUCKET = env.str("GANTRY_S3_BUCKET", default="")
 GANTRY_S3_PREFIX = env.str("GANTRY_S3_PREFIX", default="results/")

@@ -32,6 +32,14 @@ def job_for(principal, job_id) -> Job:
     return get_object_or_404(visible_jobs(principal), pk=job_id)
 
 
+def attempt_of(job: Job, number: int | None) -> Attempt | None:
+    """The job's attempt of that number, or its latest when `number` is None."""
+    attempts = Attempt.objects.filter(job_id=job.pk).select_related("node")
+    if number is None:
+        return attempts.order_by("-number").first()
+    return attempts.filter(number=number).first()
+
+
 def job_for_stream(job_id) -> Job:
     """The job (with its hold) for a stream that already checked who may read it."""
     return Job.objects.select_related("hold").get(pk=job_id)

@@ -22,10 +22,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
+import redis
 from django.db import transaction
 
 from apps.core.pubsub import channel_hub
 from apps.core.redis import redis_client
+from apps.jobs.services import logs
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def announce_job_changed(job_id) -> None:
     def publish():
         try:
             redis_client().publish(channel_of(job_id), b"1")
-        except Exception:
+        except redis.RedisError:  # a nudge must never fail the change itself
             logger.debug("job change nudge not published", exc_info=True)
 
     transaction.on_commit(publish, robust=True)
@@ -126,3 +128,44 @@ async def job_events(
                 last_sent = now
             if body["status"] in TERMINAL:
                 return
+
+
+LOG_POLL_S = 2.0  # a follower re-reads the buffer this often without a nudge
+
+
+def sse_line(line: str) -> str:
+    return f"event: line\ndata: {line.replace(chr(13), '')}\n\n"  # a CR would end the field
+
+
+async def log_events(job, attempt, *, run_sync) -> AsyncIterator[str]:
+    """An attempt's log as `event: line` events: what it printed so far, then each new
+    line as it comes, until the attempt ends (its stored log for an attempt that has)."""
+    ended_attempt = await run_sync(logs.attempt_has_ended)(attempt.pk)
+    if ended_attempt:
+        text = await run_sync(logs.stored_attempt_log)(job, attempt.number)
+        for line in (text or "").splitlines():
+            yield sse_line(line)
+        return
+    last_seq, idle_since = 0, time.monotonic()
+    async with channel_hub().listen(logs.live_channel(attempt.pk)) as nudges:
+        while True:
+            lines, ended = await run_sync(logs.live_lines)(attempt.pk, after=last_seq)
+            if lines and lines[0][0] > last_seq + 1:
+                yield sse_line(f"[... {lines[0][0] - last_seq - 1} lines skipped ...]")
+            for seq, line in lines:
+                yield sse_line(line)
+                last_seq = seq
+            if ended:
+                return
+            try:
+                await asyncio.wait_for(nudges.get(), timeout=LOG_POLL_S)
+            except TimeoutError:
+                if time.monotonic() - idle_since >= KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    idle_since = time.monotonic()
+                if await run_sync(logs.attempt_has_ended)(attempt.pk):
+                    # Ended without the end reaching the buffer (Redis was away).
+                    lines, _ = await run_sync(logs.live_lines)(attempt.pk, after=last_seq)
+                    for _, line in lines:
+                        yield sse_line(line)
+                    return

@@ -9,6 +9,7 @@ from django.db import close_old_connections
 from django.http import (
     FileResponse,
     Http404,
+    HttpResponse,
     HttpResponseRedirect,
     JsonResponse,
     StreamingHttpResponse,
@@ -39,7 +40,9 @@ from apps.jobs.serializers import (
 )
 from apps.jobs.services import results, submission, webhooks
 from apps.jobs.services.cancel import cancel_job
+from apps.jobs.services.logs import current_log_text
 from apps.jobs.services.params_schema import generator_params_schema
+from apps.jobs.streams import log_events
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     "Idempotency-Key",
@@ -262,3 +265,34 @@ async def job_stream(request, job_id):
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
     return response
+
+
+async def job_logs(request, job_id):
+    """GET /v1/jobs/{id}/logs?attempt=N: the generator's output of an attempt (default:
+    the latest), as text/plain; with `Accept: text/event-stream`, `event: line` per line
+    as the generator writes it, closing when the attempt ends (apps/jobs/services/logs.py).
+    """
+    if request.method != "GET":
+        return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
+    run_sync = sync_to_async(thread_sensitive=False)
+    refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
+    if refusal is not None:
+        return refusal
+    wanted = request.GET.get("attempt")
+    if wanted is not None and not (wanted.isdigit() and 0 < int(wanted) < 2**31):
+        return _problem("invalid", "attempt: must be a positive attempt number.", 400)
+    attempt = await run_sync(selectors.attempt_of)(job, int(wanted) if wanted else None)
+    if attempt is None:
+        message = "The job has not started an attempt yet." if not wanted else "No such attempt."
+        return _problem("not_found", message, 404)
+    if "text/event-stream" in request.headers.get("Accept", ""):
+        response = StreamingHttpResponse(
+            log_events(job, attempt, run_sync=run_sync), content_type="text/event-stream"
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    text = await run_sync(current_log_text)(job, attempt)
+    if text is None:
+        return _problem("not_found", "This attempt's log is no longer available.", 404)
+    return HttpResponse(text, content_type="text/plain; charset=utf-8")

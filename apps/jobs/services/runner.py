@@ -46,7 +46,7 @@ from apps.jobs.models import (
     ExitClass,
     Job,
 )
-from apps.jobs.services import results
+from apps.jobs.services import logs, results
 from apps.jobs.services.attempts import (
     Fenced,
     Finish,
@@ -56,6 +56,7 @@ from apps.jobs.services.attempts import (
     heartbeat,
 )
 from apps.jobs.services.exits import classify_exit, usage_micro_credits
+from apps.jobs.services.logs import AttemptLog
 
 logger = logging.getLogger(__name__)
 
@@ -132,11 +133,16 @@ class _Output:
 
 
 class _Generator:
-    """The generator subprocess in its own session; stdout lines read by a thread."""
+    """The generator subprocess in its own session. Two threads read it: stdout lines go
+    to `lines` (progress, checkpoints) and both streams' lines, as they arrive, to `log`;
+    stderr is also written to `stderr_path` (its tail classifies the exit)."""
 
-    def __init__(self, argv: list[str], *, cwd: Path, env: dict, stderr_path: Path):
+    def __init__(
+        self, argv: list[str], *, cwd: Path, env: dict, stderr_path: Path, log: AttemptLog
+    ):
         self._stderr = open(stderr_path, "wb")  # noqa: SIM115 (closed in wait())
         self.lines: queue.Queue = queue.Queue()
+        self.log = log
         try:
             self.proc = subprocess.Popen(
                 _with_parent_death_signal(argv),
@@ -144,19 +150,31 @@ class _Generator:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=self._stderr,
+                stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: killpg reaches its children
             )
         except OSError:
             self._stderr.close()
             raise
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self) -> None:
         for raw in self.proc.stdout:
-            self.lines.put((time.monotonic(), raw.decode("utf-8", "replace").strip()))
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.log.add(line)
+            self.lines.put((time.monotonic(), line.strip()))
         self.lines.put(None)
+
+    def _read_stderr(self) -> None:
+        for raw in self.proc.stderr:
+            self._stderr.write(raw)
+            self.log.add(raw.decode("utf-8", "replace").rstrip("\r\n"))
+        self._stderr.flush()
 
     def signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -165,7 +183,8 @@ class _Generator:
     def wait(self) -> int:
         returncode = self.proc.wait()
         self.signal(signal.SIGKILL)  # anything it left behind in its group
-        self._reader.join(timeout=2)
+        for reader in self._readers:
+            reader.join(timeout=2)
         self._stderr.close()
         return returncode
 
@@ -249,6 +268,7 @@ class _Run:
         self.renewed = self.started  # the lease's latest renewal (heartbeat lag)
         self.node = attempt.node.name
         self.stop_reason = ""
+        self.log = AttemptLog()
 
     # -- accounting ---------------------------------------------------------------------
 
@@ -301,7 +321,9 @@ class _Run:
                 p for p in (str(settings.BASE_DIR), env.get("PYTHONPATH", "")) if p
             )
         self.started = self.renewed = time.monotonic()
-        return _Generator(argv, cwd=self.scratch, env=env, stderr_path=self.scratch / "stderr.log")
+        return _Generator(
+            argv, cwd=self.scratch, env=env, stderr_path=self.scratch / "stderr.log", log=self.log
+        )
 
     def _supervise(self, gen: _Generator) -> RunOutcome:
         last_output = self.started
@@ -311,6 +333,7 @@ class _Run:
             for at, line in self._drain_lines(gen, timeout=POLL_S):
                 last_output = at
                 self.out.parse(line)
+            logs.publish_lines(self.attempt.pk, self.log.take_pending())
             now = time.monotonic()
             if gen.proc.poll() is not None:
                 ended = now
@@ -331,6 +354,7 @@ class _Run:
                 if job_signal is None:
                     gen.signal(signal.SIGKILL)
                     gen.wait()
+                    self._keep_log()
                     logger.warning("attempt %s was taken away; generator killed", self.attempt.pk)
                     return RunOutcome(str(self.attempt.pk), claimed=True, fenced=True)
                 if job_signal is not False and not self.stop_reason:
@@ -421,8 +445,19 @@ class _Run:
             resumed_step=self.out.resumed,
         )
 
+    def _keep_log(self) -> None:
+        """Store the attempt's log and tell its followers it ended (before the attempt's
+        end is recorded, so a tenant who sees the job end finds the log)."""
+        logs.publish_lines(self.attempt.pk, self.log.take_pending())
+        try:
+            logs.store_attempt_log(self.job, self.attempt.number, self.log)
+        except Exception:  # storage down: the run's outcome matters more than its log
+            logger.exception("attempt %s: its log could not be stored", self.attempt.pk)
+        logs.publish_end(self.attempt.pk)
+
     def _finish(self, finish: Finish) -> RunOutcome:
         attempt = self.attempt
+        self._keep_log()
         for delay in FINISH_RETRY_DELAYS_S:
             try:
                 job = finish_attempt(attempt, finish, worker=self.worker)
