@@ -72,8 +72,9 @@ class ChannelHub:
             channel = message["channel"]
             channel = channel.decode() if isinstance(channel, bytes) else channel
             for queue in self._listeners.get(channel, ()):
-                if not queue.full():
-                    queue.put_nowait(message["data"])
+                if queue.full():  # a pending nudge is replaced: the latest one wins
+                    queue.get_nowait()
+                queue.put_nowait(message["data"])
 
     @contextlib.asynccontextmanager
     async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue]:
@@ -101,6 +102,12 @@ class ChannelHub:
                         del self._listeners[channel]
                         with contextlib.suppress(Exception):
                             await self._pubsub.unsubscribe(channel)
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The hub's Redis client, for other reads of this loop (one connection pool)."""
+        self._ensure_pubsub()
+        return self._client
 
     @property
     def listener_count(self) -> int:

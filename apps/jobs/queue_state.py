@@ -87,16 +87,20 @@ def read(job_ids: Iterable) -> dict[str, QueueState]:
     except redis.RedisError as exc:
         logger.warning("queue states not read: %s", exc)
         return {}
-    states = {}
-    for job_id, raw in zip(ids, values, strict=True):
-        if raw is None:
-            continue
-        value = json.loads(raw)
-        start = value.get("s")
-        states[job_id] = QueueState(
-            position=value.get("p"),
-            reason=value.get("r", ""),
-            estimated_start_at=datetime.fromtimestamp(start, UTC) if start is not None else None,
-            detail=value.get("d", ""),
-        )
-    return states
+    return {job_id: decode(raw) for job_id, raw in zip(ids, values, strict=True) if raw is not None}
+
+
+def key_of(job_id) -> str:
+    return KEY.format(job_id)
+
+
+def decode(raw: bytes) -> QueueState:
+    """A stored entry (as `publish` writes it) as a QueueState."""
+    value = json.loads(raw)
+    start = value.get("s")
+    return QueueState(
+        position=value.get("p"),
+        reason=value.get("r", ""),
+        estimated_start_at=datetime.fromtimestamp(start, UTC) if start is not None else None,
+        detail=value.get("d", ""),
+    )

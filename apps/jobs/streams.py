@@ -7,8 +7,9 @@ async handler), waiting on the process's shared subscription (apps.core.pubsub),
 listener costs a queue and a task, not a thread or a connection. Nudged, it re-reads the
 job from PostgreSQL (in a worker thread) and sends `event: job` with the body if
 anything a tenant sees changed: status, progress (at most twice a second), queue
-position, reason or estimate, attempts, cost. While queued it also re-reads the
-queue entry the dispatcher publishes to Redis every few seconds; and every
+position, reason or estimate, attempts, cost. While queued, its queue entry (which the
+dispatcher publishes to Redis every few seconds) is read for all the loop's streams at
+once by a QueueWatch, without PostgreSQL; and every
 `FULL_REREAD_S` it re-reads the job regardless, since pub/sub loses what nobody heard
 (a restart of Redis, a listener that subscribed a moment late). After a terminal status
 the stream sends the final body and closes.
@@ -17,6 +18,7 @@ the stream sends the final body and closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -27,13 +29,14 @@ from django.db import transaction
 
 from apps.core.pubsub import channel_hub
 from apps.core.redis import redis_client
+from apps.jobs import queue_state
 from apps.jobs.services import logs
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_MIN_INTERVAL_S = 0.5  # API.md: progress at most twice a second
-QUEUE_POLL_S = 2.0  # a queued job's position and estimate, from Redis
-FULL_REREAD_S = 15.0  # the job itself, in case a nudge was lost
+QUEUE_POLL_S = 2.0  # queued jobs' positions and estimates, from Redis (one MGET a loop)
+FULL_REREAD_S = 30.0  # the job itself, in case a nudge was lost
 KEEPALIVE_S = 15.0  # a comment line keeps proxies from closing an idle stream
 TERMINAL = frozenset(("succeeded", "failed", "timed_out", "cancelled"))
 
@@ -78,18 +81,74 @@ def sse_event(body: dict, *, event_id: int) -> str:
     return f"event: job\nid: {event_id}\ndata: {data}\n\n"
 
 
+class QueueWatch:
+    """One loop's watch over the queue entries of the queued jobs it streams: every
+    `QUEUE_POLL_S` one MGET for all of them (not a read per stream), and a nudge (b"q")
+    to the listeners of each entry that changed; `latest[job_id]` holds the entry."""
+
+    def __init__(self):
+        self.listeners: dict[str, set[asyncio.Queue]] = {}
+        self.latest: dict[str, dict | None] = {}
+        self._raw: dict[str, bytes | None] = {}
+        self._task: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def watching(self, job_id: str, nudges: asyncio.Queue):
+        self.listeners.setdefault(job_id, set()).add(nudges)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+        try:
+            yield
+        finally:
+            listeners = self.listeners.get(job_id, set())
+            listeners.discard(nudges)
+            if not listeners:
+                self.listeners.pop(job_id, None)
+                self.latest.pop(job_id, None)
+                self._raw.pop(job_id, None)
+
+    async def _poll(self) -> None:
+        while self.listeners:
+            await asyncio.sleep(QUEUE_POLL_S)
+            ids = list(self.listeners)
+            try:
+                values = await channel_hub().client.mget([queue_state.key_of(j) for j in ids])
+            except redis.RedisError:
+                continue  # the listeners' own re-reads carry on
+            for job_id, raw in zip(ids, values, strict=True):
+                if raw is None or raw == self._raw.get(job_id):
+                    continue
+                self._raw[job_id] = raw
+                self.latest[job_id] = queue_state.decode(raw).body()
+                for nudges in self.listeners.get(job_id, ()):
+                    if not nudges.full():
+                        nudges.put_nowait(QUEUE_NUDGE)
+
+
+QUEUE_NUDGE = b"q"
+_watches: dict[int, QueueWatch] = {}
+
+
+def queue_watch() -> QueueWatch:
+    loop = asyncio.get_running_loop()
+    watch = _watches.get(id(loop))
+    if watch is None:
+        watch = _watches[id(loop)] = QueueWatch()
+    return watch
+
+
 async def job_events(
     job_id,
     *,
     read_body: Callable[[], dict],
-    read_queue: Callable[[], dict | None],
     run_sync: Callable,
 ) -> AsyncIterator[str]:
     """The stream of one job: its body at once, then on every change a tenant sees,
     closing after a terminal status.
 
-    `read_body()` reads the job body from PostgreSQL and `read_queue()` only its queue
-    entry from Redis (both blocking, run through `run_sync`)."""
+    `read_body()` reads the job body from PostgreSQL (blocking, run through `run_sync`);
+    while the job is queued, its queue entry comes from the loop's QueueWatch."""
+    job_key = str(job_id)
     body = await run_sync(read_body)
     event_id = 1
     yield sse_event(body, event_id=event_id)
@@ -97,37 +156,34 @@ async def job_events(
         return
     seen, progress = _seen_by_tenant(body), body.get("progress")  # seen[0]: the status
     last_sent = last_full = time.monotonic()
+    watch = queue_watch()
     async with channel_hub().listen(channel_of(job_id)) as nudges:
-        while True:
-            queued = body["status"] == "queued"
-            wait = QUEUE_POLL_S if queued else min(FULL_REREAD_S, KEEPALIVE_S)
-            nudged = True
-            try:
-                await asyncio.wait_for(nudges.get(), timeout=wait)
-            except TimeoutError:
-                nudged = False
-            now = time.monotonic()
-            if nudged or now - last_full >= FULL_REREAD_S:
-                body, last_full = await run_sync(read_body), now
-            elif queued:
-                entry = await run_sync(read_queue)
-                if entry is not None:
-                    body = {**body, "queue": entry}
-            news = _seen_by_tenant(body) != seen or body.get("progress") != progress
-            if news and body["status"] == seen[0] and now - last_sent < PROGRESS_MIN_INTERVAL_S:
-                # Within a status, updates (progress, cost) come at most twice a second:
-                # hold this one back and send the latest then.
-                await asyncio.sleep(PROGRESS_MIN_INTERVAL_S - (now - last_sent))
-                body, now = await run_sync(read_body), time.monotonic()
-            if news:
-                event_id += 1
-                yield sse_event(body, event_id=event_id)
-                seen, progress, last_sent = _seen_by_tenant(body), body.get("progress"), now
-            elif now - last_sent >= KEEPALIVE_S:
-                yield ": keep-alive\n\n"
-                last_sent = now
-            if body["status"] in TERMINAL:
-                return
+        with watch.watching(job_key, nudges):
+            while True:
+                nudge = None
+                with contextlib.suppress(TimeoutError):
+                    nudge = await asyncio.wait_for(nudges.get(), timeout=KEEPALIVE_S)
+                now = time.monotonic()
+                if nudge == QUEUE_NUDGE and body["status"] == "queued":
+                    body = {**body, "queue": watch.latest.get(job_key) or body["queue"]}
+                elif nudge is not None or now - last_full >= FULL_REREAD_S:
+                    body, last_full = await run_sync(read_body), now
+                news = _seen_by_tenant(body) != seen or body.get("progress") != progress
+                within = body["status"] == seen[0]
+                if news and within and now - last_sent < PROGRESS_MIN_INTERVAL_S:
+                    # Within a status, updates (progress, cost) come at most twice a
+                    # second: hold this one back and send the latest then.
+                    await asyncio.sleep(PROGRESS_MIN_INTERVAL_S - (now - last_sent))
+                    body, now = await run_sync(read_body), time.monotonic()
+                if news:
+                    event_id += 1
+                    yield sse_event(body, event_id=event_id)
+                    seen, progress, last_sent = _seen_by_tenant(body), body.get("progress"), now
+                elif now - last_sent >= KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    last_sent = now
+                if body["status"] in TERMINAL:
+                    return
 
 
 LOG_POLL_S = 2.0  # a follower re-reads the buffer this often without a nudge

@@ -253,14 +253,10 @@ async def job_stream(request, job_id):
         finally:
             close_old_connections()
 
-    def read_queue() -> dict | None:
-        state = queue_state.read([job.pk]).get(str(job.pk))
-        return state.body() if state is not None else None
-
     async def call(fn):
         return await run_sync(fn)()
 
-    events = streams.job_events(job.pk, read_body=read_body, read_queue=read_queue, run_sync=call)
+    events = streams.job_events(job.pk, read_body=read_body, run_sync=call)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come

@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from apps.jobs import queue_state
 from apps.jobs.models import Job, JobStatus
+from apps.jobs.queue_state import QueueState
 from apps.jobs.services.cancel import cancel_job
 from tests.factories import OrgFactory, ProjectFactory, org_key
 from tests.jobs.factories import funded_org, spec_body
@@ -151,3 +153,25 @@ def test_another_orgs_stream_is_404_and_no_key_is_401(api, beat):
         assert json.loads(response.read())["error"]["code"] in ("not_found", "unauthenticated")
     cancel_job(job["id"], actor="test", reason="cleanup")
     assert Job.objects.get(pk=job["id"]).status == JobStatus.CANCELLED
+
+
+def test_a_queued_jobs_stream_carries_its_position_as_the_dispatcher_publishes_it(api, beat):
+    org = funded_org()
+    ProjectFactory(org=org, name="video")
+    key = org_key(org)
+    job = submit_http(api, key)  # nobody ticks the dispatcher: it stays queued
+    stream = Stream(api.url, f"/v1/jobs/{job['id']}/stream", key)
+    time.sleep(0.3)
+    reason = "waiting for an H100: 2 of 2 busy"
+    state = QueueState(position=3, reason=reason, estimated_start_at=None)
+    queue_state.publish([(job["id"], state)])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+        (body["queue"] or {}).get("position") == 3 for _, body in stream.events
+    ):
+        time.sleep(0.1)
+    updated = [body for _, body in stream.events if (body["queue"] or {}).get("position") == 3]
+    assert updated, [body["queue"] for _, body in stream.events]
+    assert updated[0]["queue"]["reason"] == reason
+    cancel_job(job["id"], actor="test", reason="cleanup")
+    assert stream.closed.wait(20)
