@@ -229,6 +229,8 @@ def stack(django_db_setup, tmp_path_factory):
             **base_env,
             "PROMETHEUS_MULTIPROC_DIR": metrics_dir("api"),
             "GANTRY_GPU_TYPE_CACHE_S": "0",
+            # Result links point at this API, as `make up` sets it.
+            "GANTRY_PUBLIC_URL": f"http://127.0.0.1:{api_port}",
         },
         tmp / "api.log",
     )
