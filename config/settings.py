@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from here, pinned, offline
     "apps.core",
     "apps.accounts",
     "apps.fleet",
@@ -41,6 +42,9 @@ MIDDLEWARE = [
     "apps.core.middleware.RequestIdMiddleware",
     "apps.core.middleware.RequestGuardMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS, Swagger UI) from the API process itself, under any
+    # server; without collectstatic they are found in the apps (WHITENOISE_USE_FINDERS).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -97,6 +101,10 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".data" / "static"
+# Serve from the apps' static folders when nothing was collected (make up, tests); a
+# deployment that runs collectstatic gets the collected, cache-busted files.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 
 # Job outputs: a storage backend, the filesystem by default.
 MEDIA_ROOT = Path(env.str("GANTRY_MEDIA_ROOT", default=str(BASE_DIR / ".data" / "media")))
@@ -117,6 +125,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/v1",
+    # Swagger UI and ReDoc from drf-spectacular-sidecar: no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Celery: Redis broker, no result backend (job state lives in PostgreSQL).

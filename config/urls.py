@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from apps.core import health
 
@@ -23,6 +23,16 @@ v1 = [
             url_name="schema", authentication_classes=[], permission_classes=[]
         ),
         name="docs",
+    ),
+    path(
+        "redoc/",
+        SpectacularRedocView.as_view(
+            url_name="schema",
+            template_name="gantry/redoc.html",  # without ReDoc's web fonts from Google
+            authentication_classes=[],
+            permission_classes=[],
+        ),
+        name="redoc",
     ),
     path("", include("apps.accounts.urls")),
     path("", include("apps.ledger.urls")),
