@@ -499,6 +499,22 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
     return 0
 
 
+def kept_secret_key(path: Path = DATA / "secret_key") -> str:
+    """The platform's secret key: generated on the first run and kept under .data/, so a
+    restart keeps every org's webhook secret and every signed result link valid."""
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        key = ""
+    if not key:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(48)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the owner's only
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key + "\n")
+    return key
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -512,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     with services(purpose="test" if args.command == "test" else "platform") as env:
-        env.setdefault("GANTRY_SECRET_KEY", secrets.token_urlsafe(32))
+        env.setdefault("GANTRY_SECRET_KEY", kept_secret_key())
         if args.command == "up":
             return run_platform(env)
         if args.command == "demo":
