@@ -15,6 +15,7 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apps.core.redis import reset_redis_client
 from apps.ledger.models import Hold
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, org_key
@@ -267,3 +268,21 @@ def test_no_write_endpoint_answers_5xx_to_arbitrary_json_and_a_refusal_holds_not
     assert response["Content-Type"].startswith("application/json"), response.content
     if response.status_code != 202:
         assert Hold.objects.count() == holds_before
+
+
+def test_redis_out_of_reach_never_makes_a_500(funded, settings):
+    client, _ = funded
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    reset_redis_client()
+    try:
+        submitted = submit_text(client, job_text())
+        assert submitted.status_code in (202, 503), submitted.content
+        if submitted.status_code == 503:
+            assert int(submitted["Retry-After"]) > 0
+        else:
+            job = client.get(f"/v1/jobs/{submitted.json()['id']}")
+            assert job.status_code == 200, job.content
+        for path in ("/v1/balance", "/v1/jobs"):
+            assert client.get(path).status_code in (200, 503), path
+    finally:
+        reset_redis_client()
