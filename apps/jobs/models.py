@@ -26,6 +26,21 @@ TERMINAL_STATUSES = frozenset(
 ACTIVE_STATUSES = frozenset({JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.PREEMPTING})
 
 
+class WebhookEvent(models.TextChoices):
+    """What a job's webhook is POSTed for (the submission's `webhook_events`)."""
+
+    START = "start"  # an attempt started running (scheduled → running), each attempt
+    PROGRESS = "progress"  # the job's progress rose (at most one a second)
+    COMPLETED = "completed"  # a terminal status
+
+
+DEFAULT_WEBHOOK_EVENTS = (WebhookEvent.COMPLETED.value,)
+
+
+def default_webhook_events() -> list[str]:
+    return list(DEFAULT_WEBHOOK_EVENTS)
+
+
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of its own: job_org_recent and job_org_status lead with org (every
@@ -53,6 +68,15 @@ class Job(models.Model):
     max_runtime_s = models.PositiveIntegerField()
     preemptible = models.BooleanField(default=True)
     webhook_url = models.URLField(max_length=2000, blank=True)
+    # The database default too: rows inserted by code that predates the column (a rolling
+    # deploy) get what such a job always got, the terminal webhook only.
+    webhook_events = ArrayField(
+        models.CharField(max_length=16, choices=WebhookEvent.choices),
+        default=default_webhook_events,
+        db_default=list(DEFAULT_WEBHOOK_EVENTS),
+        blank=True,
+        help_text="What the webhook is sent for: start, progress, completed.",
+    )
     # sha256 of canonical params + resources: dedup and poison containment. Looked up by
     # equality only: a plain index (job_fingerprint), not db_index's extra LIKE index.
     fingerprint = models.CharField(max_length=64)
@@ -126,6 +150,10 @@ class Job(models.Model):
             models.CheckConstraint(condition=Q(max_runtime_s__gt=0), name="job_runtime_positive"),
             models.CheckConstraint(
                 condition=Q(progress__gte=0, progress__lte=1), name="job_progress_fraction"
+            ),
+            models.CheckConstraint(
+                condition=Q(webhook_events__contained_by=[e.value for e in WebhookEvent]),
+                name="job_webhook_events_known",
             ),
             models.CheckConstraint(
                 condition=Q(finished_at__isnull=True) | Q(status__in=sorted(TERMINAL_STATUSES)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.shortcuts import get_object_or_404
 
-from apps.jobs.models import Attempt, Job, JobEvent, JobStatus
+from apps.jobs.models import Attempt, Job, JobEvent, JobStatus, WebhookEvent
 from apps.jobs.services.exits import FAILURE_CLASSES
 
 OUTSTANDING_STATUSES = (
@@ -103,13 +103,15 @@ def dedup_source(org_id, fingerprint: str) -> Job | None:
 
 
 def webhooks_to_redeliver(*, finished_after, finished_before, limit: int) -> list:
-    """Ids of terminal jobs with a webhook whose delivery has no recorded outcome."""
+    """Ids of terminal jobs with a completed webhook whose delivery has no recorded
+    outcome (start and progress deliveries are best effort: never redelivered)."""
     outcome = JobEvent.objects.filter(
         job=OuterRef("pk"), data__webhook__in=["delivered", "gave_up", "refused"]
     )
     return list(
         Job.objects.filter(finished_at__gte=finished_after, finished_at__lt=finished_before)
         .exclude(webhook_url="")
+        .filter(webhook_events__contains=[WebhookEvent.COMPLETED.value])
         .filter(~Exists(outcome))
         .values_list("id", flat=True)[:limit]
     )

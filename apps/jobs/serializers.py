@@ -7,7 +7,7 @@ from datetime import UTC
 from rest_framework import serializers
 
 from apps.jobs import queue_state, validation
-from apps.jobs.models import Job, JobEvent, JobStatus
+from apps.jobs.models import DEFAULT_WEBHOOK_EVENTS, Job, JobEvent, JobStatus
 from apps.jobs.services import results
 from apps.jobs.services.lifecycle import tenant_reason
 
@@ -44,6 +44,7 @@ def job_body(job: Job, *, queue_states: dict | None = None) -> dict:
         "max_runtime_s": job.max_runtime_s,
         "preemptible": job.preemptible,
         "webhook_url": job.webhook_url or None,
+        "webhook_events": list(job.webhook_events),
         "gpu_type": job.gpu_type or None,
         "attempts": job.attempt_count,
         "preemptions": job.preemption_count,
@@ -134,6 +135,10 @@ class JobSerializer(serializers.Serializer):
     max_runtime_s = serializers.IntegerField()
     preemptible = serializers.BooleanField()
     webhook_url = serializers.CharField(allow_null=True)
+    webhook_events = serializers.ListField(
+        child=serializers.ChoiceField(choices=validation.WEBHOOK_EVENTS),
+        help_text="What the webhook is sent for.",
+    )
     gpu_type = serializers.CharField(allow_null=True)
     attempts = serializers.IntegerField()
     preemptions = serializers.IntegerField()
@@ -161,6 +166,26 @@ def _refuse_unknown_fields(serializer: serializers.Serializer, data) -> None:
             raise serializers.ValidationError({unknown[0]: ["Unknown field."]})
 
 
+class WebhookEventsField(serializers.ListField):
+    """A list of distinct event names, put in the order a job lives them. Every refusal
+    names the list itself (`webhook_events`), not the offending item."""
+
+    child = serializers.ChoiceField(choices=validation.WEBHOOK_EVENTS)
+    default_error_messages = {"duplicate": validation.DUPLICATE_EVENT}
+
+    def to_internal_value(self, data):
+        try:
+            events = super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            if isinstance(error.detail, dict):  # {index: [message]} of the first bad items
+                raise serializers.ValidationError(next(iter(error.detail.values()))) from None
+            raise
+        for index, event in enumerate(events):
+            if event in events[:index]:
+                self.fail("duplicate", value=event)
+        return [event for event in validation.WEBHOOK_EVENTS if event in events]
+
+
 # The schema of the submission body and the reference of its validation: the view
 # validates with apps.jobs.validation.validate_submit_body, which agrees with this
 # serializer (tests/jobs/test_submit_validation.py) at a fraction of its cost. (Not in the
@@ -182,6 +207,13 @@ class JobSubmitSerializer(serializers.Serializer):
     webhook_url = serializers.CharField(
         required=False, allow_blank=True, max_length=validation.MAX_WEBHOOK_URL_LENGTH
     )
+    webhook_events = WebhookEventsField(
+        required=False,
+        allow_empty=False,
+        help_text="What the webhook is sent for, of start (each attempt that starts "
+        "running), progress (at most one a second) and completed (a terminal status); "
+        'each at most once. Default ["completed"]; anything else needs a webhook_url.',
+    )
     start_deadline_s = serializers.IntegerField(
         required=False,
         allow_null=True,
@@ -196,6 +228,16 @@ class JobSubmitSerializer(serializers.Serializer):
             raise serializers.ValidationError({"non_field_errors": ["Expected a JSON object."]})
         _refuse_unknown_fields(self, data)
         return super().to_internal_value(data)
+
+    def validate(self, attrs):
+        events = attrs.get("webhook_events")
+        if (
+            events is not None
+            and tuple(events) != DEFAULT_WEBHOOK_EVENTS
+            and not attrs.get("webhook_url")
+        ):
+            raise serializers.ValidationError({"webhook_events": [validation.EVENTS_WITHOUT_URL]})
+        return attrs
 
 
 class JobListFilterSerializer(serializers.Serializer):

@@ -19,9 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from rest_framework.fields import BooleanField, IntegerField
+from rest_framework.fields import BooleanField, ChoiceField, IntegerField, ListField
 
 from apps.core.errors import GantryError
+from apps.jobs.models import DEFAULT_WEBHOOK_EVENTS, WebhookEvent
 
 # Limits shared with the serializer declarations (the schema).
 MAX_GPU_COUNT = 8
@@ -33,6 +34,8 @@ MAX_WEBHOOK_URL_LENGTH = 2000
 # A start deadline longer than this is no deadline a client means (and a queued job's
 # hold expires long before it: GANTRY_HOLD_QUEUE_ALLOWANCE_S).
 MAX_START_DEADLINE_S = 30 * 24 * 3600
+# In the order a job lives them: the validated list is put in this order.
+WEBHOOK_EVENTS = tuple(event.value for event in WebhookEvent)
 
 SUBMIT_FIELDS = frozenset(
     (
@@ -42,6 +45,7 @@ SUBMIT_FIELDS = frozenset(
         "max_runtime_s",
         "preemptible",
         "webhook_url",
+        "webhook_events",
         "start_deadline_s",
     )
 )
@@ -50,6 +54,11 @@ RESOURCE_FIELDS = frozenset(("gpu_count", "gpu_types", "min_gpu_memory_gb"))
 REQUIRED = "This field is required."
 NOT_NULL = "This field may not be null."
 UNKNOWN = "Unknown field."
+NOT_A_LIST = str(ListField.default_error_messages["not_a_list"])
+EMPTY_LIST = str(ListField.default_error_messages["empty"])
+INVALID_CHOICE = str(ChoiceField.default_error_messages["invalid_choice"])
+DUPLICATE_EVENT = '"{value}" is listed twice; list each event once.'
+EVENTS_WITHOUT_URL = "Needs a webhook_url to be sent to."
 
 _DECIMAL_TAIL = IntegerField.re_decimal  # "1.0" is an integer, "1.2" is not
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -79,8 +88,10 @@ def validate_submit_body(data) -> dict:
     """The validated submission (what JobSubmitSerializer.validated_data would be).
 
     Keys: params, max_runtime_s, preemptible always; project, resources (gpu_count,
-    min_gpu_memory_gb, gpu_types if given), webhook_url and start_deadline_s (None for
-    null: no deadline) when given. Raises a 400
+    min_gpu_memory_gb, gpu_types if given), webhook_url, webhook_events (distinct, in
+    WEBHOOK_EVENTS order) and start_deadline_s (None for null: no deadline) when given.
+    webhook_events other than the default ["completed"] need a non-blank webhook_url
+    (checked last, as the serializer's validate() does). Raises a 400
     GantryError (code `invalid`) naming the first offending field, in the serializer's
     words: "<field>: <message>".
     """
@@ -114,6 +125,9 @@ def _submit_body(data) -> dict:
         body["webhook_url"] = _string(
             webhook_url, ("webhook_url",), max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=True
         )
+    events = data.get("webhook_events", _MISSING)
+    if events is not _MISSING:
+        body["webhook_events"] = _webhook_events(events)
     deadline = data.get("start_deadline_s", _MISSING)
     if deadline is not _MISSING:
         # null is accepted and means no deadline, like leaving the field out.
@@ -122,7 +136,42 @@ def _submit_body(data) -> dict:
             if deadline is None
             else _integer(deadline, ("start_deadline_s",), 1, MAX_START_DEADLINE_S)
         )
+    _refuse_events_without_url(body)
     return body
+
+
+def _webhook_events(value) -> list[str]:
+    # Every refusal names the list itself, not an item: there are three names to choose from.
+    field = ("webhook_events",)
+    if value is None:
+        raise _Invalid(field, NOT_NULL)
+    if isinstance(value, str | Mapping) or not hasattr(value, "__iter__"):
+        raise _Invalid(field, NOT_A_LIST.format(input_type=type(value).__name__))
+    if len(value) == 0:
+        raise _Invalid(field, EMPTY_LIST)
+    events = []
+    for item in value:
+        if item is None:
+            raise _Invalid(field, NOT_NULL)
+        if str(item) not in WEBHOOK_EVENTS:
+            raise _Invalid(field, INVALID_CHOICE.format(input=item))
+        events.append(str(item))
+    for index, event in enumerate(events):
+        if event in events[:index]:
+            raise _Invalid(field, DUPLICATE_EVENT.format(value=event))
+    return [event for event in WEBHOOK_EVENTS if event in events]
+
+
+def _refuse_events_without_url(body: dict) -> None:
+    """Events other than the default mean the client expects deliveries: without a URL
+    there would be none, silently."""
+    events = body.get("webhook_events")
+    if (
+        events is not None
+        and tuple(events) != DEFAULT_WEBHOOK_EVENTS
+        and not body.get("webhook_url")
+    ):
+        raise _Invalid(("webhook_events",), EVENTS_WITHOUT_URL)
 
 
 def _refuse_unknown(data: dict, known: frozenset, path: tuple) -> None:

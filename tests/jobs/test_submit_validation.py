@@ -47,6 +47,7 @@ def body_with(**changes):
 
 
 DROP = object()
+HOOK = "https://client.example/hook"
 
 
 @pytest.mark.parametrize(
@@ -98,6 +99,25 @@ DROP = object()
         (body_with(webhook_url=None), "webhook_url"),
         (body_with(webhook_url={"url": "x"}), "webhook_url"),
         (body_with(webhook_url="https://h/" + "x" * 2000), "webhook_url"),
+        (body_with(webhook_url=HOOK, webhook_events=None), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events="start"), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events={"start": True}), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events=[]), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events=["started"]), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events=["start", "Progress"]), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events=["start", None]), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events=[["start"]]), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events=[""]), "webhook_events"),
+        (body_with(webhook_url=HOOK, webhook_events=[1]), "webhook_events"),
+        # Duplicates are refused, not collapsed: the client may have meant another event.
+        (body_with(webhook_url=HOOK, webhook_events=["start", "start"]), "webhook_events"),
+        (
+            body_with(webhook_url=HOOK, webhook_events=["completed", "start", "completed"]),
+            "webhook_events",
+        ),
+        # Events beyond the default mean deliveries are expected: not without a URL.
+        (body_with(webhook_events=["start", "completed"]), "webhook_events"),
+        (body_with(webhook_url="  ", webhook_events=["progress"]), "webhook_events"),
         (body_with(start_deadline_s=0), "start_deadline_s"),
         (body_with(start_deadline_s=-1), "start_deadline_s"),
         (body_with(start_deadline_s="soon"), "start_deadline_s"),
@@ -107,6 +127,9 @@ DROP = object()
         # Several errors at once: the first field in declaration order is named.
         (body_with(params=1, max_runtime_s="x", preemptible="x"), "params"),
         (body_with(resources={"gpu_count": 0}, max_runtime_s="x"), "resources.gpu_count"),
+        (body_with(webhook_events=["x"], start_deadline_s=0), "webhook_events"),
+        # The missing URL is checked once every field is valid (the serializer's validate).
+        (body_with(webhook_events=["start"], start_deadline_s=0), "start_deadline_s"),
         (
             body_with(resources={"gpu_count": 0, "gpu_types": [""], "min_gpu_memory_gb": -1}),
             "resources.gpu_count",
@@ -145,6 +168,11 @@ def test_a_body_that_is_no_object_names_no_field(body):
         body_with(preemptible="TRUE"),
         body_with(project=" video ", webhook_url="   "),
         body_with(project=12, webhook_url=""),
+        body_with(webhook_url=HOOK, webhook_events=["start", "progress", "completed"]),
+        body_with(webhook_url=HOOK, webhook_events=["completed", "progress"]),
+        body_with(webhook_url=HOOK, webhook_events=["start"]),
+        body_with(webhook_url=HOOK, webhook_events=("completed",)),
+        body_with(webhook_events=["completed"]),  # the default needs no URL
         body_with(start_deadline_s=300),
         body_with(start_deadline_s=None),
         body_with(start_deadline_s="300"),
@@ -155,6 +183,28 @@ def test_accepted_bodies_validate_to_the_serializers_data(body):
     verdict = validator_verdict(body)
     assert verdict[0] == "ok", verdict
     assert verdict == serializer_verdict(body)
+
+
+def test_webhook_events_are_put_in_the_order_a_job_lives_them():
+    body = body_with(webhook_url=HOOK, webhook_events=["completed", "start", "progress"])
+    assert validate_submit_body(body)["webhook_events"] == ["start", "progress", "completed"]
+    assert validator_verdict(body) == serializer_verdict(body)
+
+
+def test_webhook_event_refusals_say_what_is_wrong():
+    messages = {
+        "started": '"started" is not a valid choice.',
+        "dup": '"start" is listed twice; list each event once.',
+        "no url": "Needs a webhook_url to be sent to.",
+    }
+    for case, events, url in [
+        ("started", ["started"], HOOK),
+        ("dup", ["start", "start"], HOOK),
+        ("no url", ["start"], None),
+    ]:
+        body = body_with(webhook_events=events, **({"webhook_url": url} if url else {}))
+        status, data = validator_verdict(body)
+        assert (status, data["error"]["message"]) == (400, f"webhook_events: {messages[case]}")
 
 
 def test_defaults_are_filled_in():
@@ -212,6 +262,10 @@ json_values = st.recursive(
 gpu_type_lists = st.lists(
     st.one_of(st.sampled_from(["H100", "A100", " H100", ""]), scalars), max_size=35
 )
+webhook_event_lists = st.lists(
+    st.one_of(st.sampled_from(["start", "progress", "completed", "Start", ""]), scalars),
+    max_size=4,
+)
 resources = st.one_of(
     json_values,
     st.fixed_dictionaries(
@@ -235,6 +289,7 @@ bodies = st.one_of(
             "max_runtime_s": st.one_of(st.integers(-5, 10**7), json_values),
             "preemptible": json_values,
             "webhook_url": st.one_of(st.text(max_size=30), json_values),
+            "webhook_events": st.one_of(webhook_event_lists, json_values),
             "start_deadline_s": st.one_of(st.integers(-5, 3_000_000), json_values),
             "priority": json_values,
             "a": json_values,
@@ -261,6 +316,7 @@ def test_the_schema_still_documents_the_submission_body(client):
         "max_runtime_s",
         "preemptible",
         "webhook_url",
+        "webhook_events",
         "start_deadline_s",
     }
     assert set(submit_schema["required"]) == {"params", "max_runtime_s"}

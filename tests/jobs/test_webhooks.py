@@ -54,7 +54,12 @@ class HookServer:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with server.arrived:
                     server.requests.append(
-                        {"path": self.path, "headers": dict(self.headers), "body": body}
+                        {
+                            "path": self.path,
+                            "headers": dict(self.headers),
+                            "body": body,
+                            "at": time.monotonic(),
+                        }
                     )
                     status = (
                         server.statuses.pop(0) if len(server.statuses) > 1 else server.statuses[0]

@@ -42,8 +42,9 @@ from apps.jobs.models import (
     GpuAssignment,
     Job,
     JobStatus,
+    WebhookEvent,
 )
-from apps.jobs.services import billing, lifecycle, outcomes
+from apps.jobs.services import billing, lifecycle, outcomes, webhooks
 
 
 class Fenced(Exception):
@@ -165,7 +166,7 @@ def claim_attempt(attempt_id, fencing_token: int, *, worker: str) -> Attempt | N
                 )
             return None
         attempt.refresh_from_db()
-        lifecycle.transition(
+        running = lifecycle.transition(
             job.pk,
             to=JobStatus.RUNNING,
             reason=f"attempt {attempt.number} started on {attempt.node.name}",
@@ -177,6 +178,8 @@ def claim_attempt(attempt_id, fencing_token: int, *, worker: str) -> Attempt | N
                 "gpu_type": attempt.gpu_type,
             },
         )
+        # Every attempt's start, a resume after a preemption or a retry included.
+        webhooks.notify(running, event=WebhookEvent.START, attempt=attempt.number)
     metrics.observe_start_wait(
         tier=job.tier, queued_at=job.queued_at, started_at=attempt.started_at
     )
@@ -205,7 +208,9 @@ def heartbeat(
     with transaction.atomic():
         job = (
             Job.objects.select_for_update(no_key=True)
-            .only("status", "cancel_requested", "progress", "hold_id")
+            .only(
+                "status", "cancel_requested", "progress", "hold_id", "webhook_url", "webhook_events"
+            )
             .get(pk=attempt.job_id)
         )
         updates = {
@@ -238,6 +243,7 @@ def heartbeat(
             Job.objects.filter(pk=job.pk).update(**job_updates)
             if "progress" in job_updates:
                 streams.announce_job_changed(job.pk)
+                webhooks.notify(job, event=WebhookEvent.PROGRESS)
         if resumed_step is not None:
             lifecycle.record_event(
                 job,

@@ -5,7 +5,8 @@ A state transition (lifecycle.transition) moves the job's status and writes its 
 nothing more. Money and follow-ups ride on the outcome, here, in the same transaction:
 
 - end_job: a terminal status, its hold settled at what the attempts used (or released
-  when none ran) exactly once, and its webhook queued once the transaction commits;
+  when none ran) exactly once, and its webhook queued once the transaction commits
+  (when the job asked for the completed event: webhooks.notify);
 - requeue_job: back to the queue; a job whose cancel was requested while it ran is
   cancelled on arrival instead (end_job), not left to run again;
 - move_job: any status change by the right one of these (terminal, queue, other);
@@ -27,7 +28,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from apps.jobs import metrics
-from apps.jobs.models import TERMINAL_STATUSES, Attempt, ExitClass, Job, JobStatus
+from apps.jobs.models import TERMINAL_STATUSES, Attempt, ExitClass, Job, JobStatus, WebhookEvent
 from apps.jobs.services import billing, lifecycle, quarantine, webhooks
 from apps.jobs.services.exits import (
     FAILURE_CLASSES,
@@ -70,8 +71,7 @@ def end_job(
             data=data,
         )
         billing.settle_hold(job, reason=f"{to}: {reason}", attempt=attempt)
-        if job.webhook_url:
-            transaction.on_commit(partial(webhooks.enqueue_delivery, job.id))
+        webhooks.notify(job, event=WebhookEvent.COMPLETED)
     return job
 
 

@@ -17,7 +17,7 @@ from django.conf import settings
 from apps.core.errors import GantryError
 from apps.fleet import selectors as fleet
 from apps.fleet.selectors import GpuTypeInfo
-from apps.jobs.models import Job
+from apps.jobs.models import DEFAULT_WEBHOOK_EVENTS, Job
 from apps.jobs.services import webhooks
 from apps.jobs.validation import MAX_GPU_COUNT
 
@@ -33,6 +33,9 @@ class JobSpec:
     min_gpu_memory_gb: int = 0
     preemptible: bool = True
     webhook_url: str = ""
+    # What the webhook is sent for (WebhookEvent values). Not part of the fingerprint
+    # either: it says whom to tell, not what to run.
+    webhook_events: tuple[str, ...] = DEFAULT_WEBHOOK_EVENTS
     # Seconds from submission to start by, else cancelled (deadline_exceeded); None: none.
     # Not part of the fingerprint: it says when to run, not what.
     start_deadline_s: int | None = None
@@ -72,6 +75,7 @@ def spec_of(job: Job) -> JobSpec:
         min_gpu_memory_gb=job.min_gpu_memory_gb,
         preemptible=job.preemptible,
         webhook_url=job.webhook_url,
+        webhook_events=tuple(job.webhook_events),
     )
 
 

@@ -39,7 +39,7 @@ from apps.core.sql import NowPlus, insert_rows
 from apps.core.wakeup import wake_dispatcher
 from apps.fleet.selectors import GpuTypeInfo
 from apps.jobs import selectors
-from apps.jobs.models import Job, JobEvent, JobStatus
+from apps.jobs.models import DEFAULT_WEBHOOK_EVENTS, Job, JobEvent, JobStatus, WebhookEvent
 from apps.jobs.services import admission, lifecycle, webhooks
 from apps.jobs.services.params_schema import check_params
 from apps.jobs.services.spec import (
@@ -91,6 +91,7 @@ def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submis
         min_gpu_memory_gb=resources.get("min_gpu_memory_gb", 0),
         preemptible=data["preemptible"],
         webhook_url=data.get("webhook_url", ""),
+        webhook_events=tuple(data.get("webhook_events", DEFAULT_WEBHOOK_EVENTS)),
         start_deadline_s=data.get("start_deadline_s"),
     )
     project = accounts.resolve_project(org, data.get("project"), key_project=api_key.project)
@@ -159,6 +160,7 @@ def submit_job(
             "max_runtime_s": spec.max_runtime_s,
             "preemptible": spec.preemptible,
             "webhook_url": spec.webhook_url,
+            "webhook_events": list(spec.webhook_events),
             "fingerprint": fingerprint,
             "idempotency_key": key,
             "request_digest": request_digest,
@@ -247,8 +249,7 @@ def _create_deduplicated(common: dict, *, source: Job, actor: str) -> Job:
             "whose result is reused (no charge)",
         },
     )
-    if job.webhook_url:
-        transaction.on_commit(lambda: webhooks.enqueue_delivery(job.id))
+    webhooks.notify(job, event=WebhookEvent.COMPLETED)
     job.refresh_from_db()
     return job
 

@@ -1,11 +1,24 @@
 """Webhooks: target checks (SSRF), signing, and one delivery try with its retry decision.
 
-Scheme. On every terminal status the job body (exactly what `GET /v1/jobs/{id}` answers)
-is POSTed as JSON with these headers:
+Scheme. The job body (what `GET /v1/jobs/{id}` answers at the time of the delivery) plus
+`"event"` is POSTed as JSON for each of the job's `webhook_events` (default completed):
+
+    completed  on its terminal status; retried with backoff, its outcome recorded as a
+               JobEvent note, redelivered by a sweep when its publish was lost.
+    start      each time an attempt starts running (scheduled → running): a resume after
+               a preemption or a retry sends it again; the body adds `"attempt": <n>`.
+    progress   when the job's progress rises while it runs, at most one a second.
+
+start and progress are best effort: at most a couple of quick retries for start, none for
+progress (a later one supersedes it), no note in the job's log, no sweep; and they never
+hold up the job (queued after its commit, never raising). Deliveries of different events
+are separate task messages and may arrive out of order; the body's status is current.
 
     X-Gantry-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
-    X-Gantry-Event:     job.<status>
-    X-Gantry-Delivery:  <job id>.<status>   (the same on every retry: deduplicate on it)
+    X-Gantry-Event:     job.<status> (completed), job.start, job.progress
+    X-Gantry-Delivery:  <job id>.<status>, <job id>.start.<attempt>,
+                        <job id>.progress.<progress>  (the same on every retry and
+                        duplicate: deduplicate on it)
 
 The secret is per org, derived from settings.GANTRY_WEBHOOK_SIGNING_KEY (an org reads
 it at `GET /v1/webhooks/secret`; changing the master key rotates every org's secret).
@@ -37,22 +50,41 @@ import ssl
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from urllib.parse import urlsplit
 
 from celery import current_app
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from apps.core.errors import GantryError
 from apps.core.redis import redis_client
 from apps.jobs import selectors
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobStatus, WebhookEvent
 from apps.jobs.serializers import job_body
 from apps.jobs.services.lifecycle import record_event
 
 logger = logging.getLogger(__name__)
 
 DELIVER_TASK = "gantry.jobs.deliver_webhook"
+EVENT_TASK = "gantry.jobs.deliver_webhook_event"
+
+# Best-effort events (start, progress). Tries in all: start gets two quick retries (1 s,
+# then 2 s later); a failed progress is not retried, the next one carries newer news.
+EVENT_TRIES = {WebhookEvent.START: 3, WebhookEvent.PROGRESS: 1}
+EVENT_RETRY_STEP_S = 1.0
+# They share the control queue with the dispatch tick: a slow endpoint may hold a worker
+# this long at most (the completed delivery keeps GANTRY_WEBHOOK_TIMEOUT_S)...
+EVENT_TIMEOUT_S = 3.0
+# ...and a message that waited longer than this is stale and dropped by the worker.
+EVENT_EXPIRES_S = {WebhookEvent.START: 300, WebhookEvent.PROGRESS: 10}
+# Progress: at most one delivery a second per job, the slot taken at delivery so that
+# queue lag cannot bunch two together. Publishes are capped too (a burst of heartbeats
+# costs the queue little), at twice a second: a cap of once a second would run in step
+# with the delivery slot and could find it still taken every other second.
+PROGRESS_INTERVAL_MS = 1000
+PROGRESS_PUBLISH_INTERVAL_MS = 500
 
 SIGNATURE_HEADER = "X-Gantry-Signature"
 SIGNATURE_TOLERANCE_S = 300
@@ -245,9 +277,17 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
 
 
-def post_signed(target: WebhookTarget, *, body: bytes, secret: str, headers: dict) -> int:
-    """POST once to the pinned address; the HTTP status, or raise OSError on failure."""
-    timeout = settings.GANTRY_WEBHOOK_TIMEOUT_S
+def post_signed(
+    target: WebhookTarget,
+    *,
+    body: bytes,
+    secret: str,
+    headers: dict,
+    timeout_s: float | None = None,
+) -> int:
+    """POST once to the pinned address; the HTTP status, or raise OSError on failure.
+    Bounded by `timeout_s` (default GANTRY_WEBHOOK_TIMEOUT_S)."""
+    timeout = settings.GANTRY_WEBHOOK_TIMEOUT_S if timeout_s is None else timeout_s
     conn_class = _PinnedHTTPSConnection if target.scheme == "https" else _PinnedHTTPConnection
     conn = conn_class(target, timeout)
     deadline = time.monotonic() + timeout
@@ -293,14 +333,21 @@ class DeliveryOutcome:
 def deliver_job_webhook(job_id, *, try_number: int) -> DeliveryOutcome:
     """Make delivery try `try_number` (1-based) of the job's terminal webhook.
 
-    Guarantee: at most one recorded outcome per job (delivered, gave_up or refused, a
-    JobEvent note), so running this again after success sends nothing. The target is
+    Only for a job whose webhook_events include completed; the body carries
+    `"event": "completed"`. Guarantee: at most one recorded outcome per job (delivered,
+    gave_up or refused, a JobEvent note), so running this again after success sends
+    nothing. The target is
     re-checked (SSRF) before every try; a refused target is not retried. A failure
     (connection error, timeout, non-2xx) asks for a retry after exponential backoff
     until GANTRY_WEBHOOK_MAX_TRIES, then gives up.
     """
     job = Job.objects.select_related("hold").filter(pk=job_id).first()
-    if job is None or not job.webhook_url or not job.is_terminal:
+    if (
+        job is None
+        or not job.webhook_url
+        or not job.is_terminal
+        or WebhookEvent.COMPLETED not in job.webhook_events
+    ):
         return DeliveryOutcome(delivered=False, retry_in=None, detail="nothing to deliver")
     if job.events.filter(data__webhook__in=["delivered", "gave_up", "refused"]).exists():
         return DeliveryOutcome(delivered=False, retry_in=None, detail="already settled")
@@ -315,21 +362,15 @@ def deliver_job_webhook(job_id, *, try_number: int) -> DeliveryOutcome:
             data={"webhook": "refused", "tries": try_number},
         )
         return DeliveryOutcome(delivered=False, retry_in=None, detail=exc.message)
-    body = json.dumps(job_body(job), separators=(",", ":")).encode()
-    try:
-        status = post_signed(
-            target,
-            body=body,
-            secret=webhook_secret(job.org_id),
-            headers={
-                "X-Gantry-Event": f"job.{job.status}",
-                "X-Gantry-Delivery": f"{job.id}.{job.status}",
-            },
-        )
-        detail = f"HTTP {status}"
-        ok = 200 <= status < 300
-    except OSError as exc:
-        detail, ok = f"{exc.__class__.__name__}: {exc}", False
+    ok, detail = _post_event(
+        job,
+        target,
+        event=WebhookEvent.COMPLETED,
+        headers={
+            "X-Gantry-Event": f"job.{job.status}",
+            "X-Gantry-Delivery": f"{job.id}.{job.status}",
+        },
+    )
     if ok:
         record_event(
             job,
@@ -350,6 +391,143 @@ def deliver_job_webhook(job_id, *, try_number: int) -> DeliveryOutcome:
         )
         return DeliveryOutcome(delivered=False, retry_in=None, detail=detail)
     return DeliveryOutcome(delivered=False, retry_in=backoff_s(try_number), detail=detail)
+
+
+def _post_event(
+    job: Job,
+    target: WebhookTarget,
+    *,
+    event: str,
+    headers: dict,
+    extra: dict | None = None,
+    timeout_s: float | None = None,
+) -> tuple[bool, str]:
+    """POST the job body with its `event` (and `extra` fields) once: (2xx?, detail)."""
+    document = {**job_body(job), "event": str(event), **(extra or {})}
+    body = json.dumps(document, separators=(",", ":")).encode()
+    try:
+        status = post_signed(
+            target,
+            body=body,
+            secret=webhook_secret(job.org_id),
+            headers=headers,
+            timeout_s=timeout_s,
+        )
+    except OSError as exc:
+        return False, f"{exc.__class__.__name__}: {exc}"
+    return 200 <= status < 300, f"HTTP {status}"
+
+
+def notify(job: Job, *, event: str, attempt: int | None = None) -> None:
+    """Queue the job's `event` webhook for when the current transaction commits, if the
+    job asked for that event (its webhook_url and webhook_events; `job` must carry both).
+
+    Guarantee: adds nothing to the caller's transaction (no query, no Redis, no broker
+    before the commit) and never raises after it: a claim, a heartbeat or a job's end
+    is never slowed or failed by a webhook. Nothing is queued if the transaction rolls
+    back. completed goes through enqueue_delivery (retries, the redelivery sweep);
+    start (with the `attempt` number that started) and progress through enqueue_event.
+    """
+    event = WebhookEvent(event).value  # a wrong name fails here, not after the commit
+    if not job.webhook_url or event not in job.webhook_events:
+        return
+    if event == WebhookEvent.COMPLETED:
+        transaction.on_commit(partial(enqueue_delivery, job.id))
+    else:
+        transaction.on_commit(partial(enqueue_event, job.id, event=event, attempt=attempt))
+
+
+def _take_slot(key: str, *, interval_ms: int) -> bool:
+    """True for the first caller in `interval_ms` for this key (SET NX PX)."""
+    return bool(redis_client().set(key, 1, nx=True, px=interval_ms))
+
+
+def enqueue_event(job_id, *, event: str, attempt: int | None = None) -> None:
+    """Publish a best-effort start or progress delivery now (call from on_commit).
+
+    Never raises: a publish lost to a broker or Redis outage is dropped (best effort).
+    Progress is published at most twice a second per job; the rises in between are
+    dropped, since the next published one (or the completed delivery) carries them.
+    """
+    try:
+        event = WebhookEvent(event).value
+        if event == WebhookEvent.PROGRESS and not _take_slot(
+            f"gantry:webhook:progress:queued:{job_id}", interval_ms=PROGRESS_PUBLISH_INTERVAL_MS
+        ):
+            return
+        current_app.send_task(
+            EVENT_TASK,
+            args=[str(job_id), event, attempt],
+            queue="control",
+            expires=EVENT_EXPIRES_S[event],
+        )
+    except Exception as exc:  # broker or Redis down: best effort, nothing to redeliver
+        logger.warning("webhook %s not queued: %s", event, exc, extra={"job_id": job_id})
+
+
+def deliver_job_event(
+    job_id, *, event: str, attempt: int | None = None, try_number: int = 1
+) -> DeliveryOutcome:
+    """Make try `try_number` (1-based) of a best-effort `start` or `progress` delivery.
+
+    Guarantee: nothing is written to the job or its log (the completed delivery's notes
+    stay the only webhook outcomes), and each try POSTs at most once even when its task
+    runs twice (a Redis key per try for start; for progress the per-second slot below).
+    start (of attempt number `attempt`) is sent even if the job has moved on since (the
+    body says where it is now) and asks for a retry after 1 s, then 2 s, on failure.
+    progress is sent only while the job still runs (an ended job has its completed
+    delivery), at most once a second per job (SET NX PX 1000 taken before the POST,
+    whatever the outcome), and never retried. The target is re-checked (SSRF) before
+    every try; a refused one is not retried. Each try is bounded by EVENT_TIMEOUT_S.
+    """
+    event = WebhookEvent(event).value
+    if event == WebhookEvent.COMPLETED:
+        raise ValueError("completed is delivered by deliver_job_webhook")
+    job = Job.objects.select_related("hold").filter(pk=job_id).first()
+    if job is None or not job.webhook_url or event not in job.webhook_events:
+        return DeliveryOutcome(delivered=False, retry_in=None, detail="nothing to deliver")
+    if event == WebhookEvent.PROGRESS:
+        if job.status not in (JobStatus.RUNNING, JobStatus.PREEMPTING):
+            return DeliveryOutcome(delivered=False, retry_in=None, detail="no longer running")
+        if not _take_slot(
+            f"gantry:webhook:progress:sent:{job.id}", interval_ms=PROGRESS_INTERVAL_MS
+        ):
+            return DeliveryOutcome(delivered=False, retry_in=None, detail="throttled")
+        delivery, extra = f"{job.id}.progress.{job.progress}", {}
+    else:
+        once = f"gantry:webhook:start:{job.id}:{attempt}:{try_number}"
+        if not redis_client().set(once, 1, nx=True, ex=24 * 3600):
+            return DeliveryOutcome(delivered=False, retry_in=None, detail="already tried")
+        delivery, extra = f"{job.id}.start.{attempt}", {"attempt": attempt}
+    host = urlsplit(job.webhook_url).hostname or ""
+    try:
+        target = check_target(job.webhook_url)
+    except UnsafeWebhookTarget as exc:
+        logger.info(
+            "webhook %s refused at delivery: %s", event, exc.message, extra={"job_id": job.id}
+        )
+        return DeliveryOutcome(delivered=False, retry_in=None, detail=exc.message)
+    ok, detail = _post_event(
+        job,
+        target,
+        event=event,
+        headers={"X-Gantry-Event": f"job.{event}", "X-Gantry-Delivery": delivery},
+        extra=extra,
+        timeout_s=min(EVENT_TIMEOUT_S, settings.GANTRY_WEBHOOK_TIMEOUT_S),
+    )
+    if ok:
+        return DeliveryOutcome(delivered=True, retry_in=None, detail=detail)
+    logger.info(
+        "webhook %s try %s to %s failed: %s",
+        event,
+        try_number,
+        host,
+        detail,
+        extra={"job_id": job.id},
+    )
+    if try_number >= EVENT_TRIES[event]:
+        return DeliveryOutcome(delivered=False, retry_in=None, detail=detail)
+    return DeliveryOutcome(delivered=False, retry_in=EVENT_RETRY_STEP_S * try_number, detail=detail)
 
 
 def enqueue_delivery(job_id) -> None:
