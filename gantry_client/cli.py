@@ -8,6 +8,7 @@ failed (5xx) or answered something that is not the Gantry API; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import re
@@ -15,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gantry_client import __version__, render
 from gantry_client import config as configuration
@@ -26,6 +28,7 @@ from gantry_client.api import (
     TransportError,
     next_cursor,
 )
+from gantry_client.render import AttemptContext
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -37,6 +40,11 @@ EXIT_INTERRUPTED = 130
 STATUSES = ("queued", "scheduled", "running", "preempting", *sorted(TERMINAL_STATUSES))
 RETRY_WAIT_CAP_S = 300.0
 LIST_PAGE_MAX = 100
+# Resolving a short id reads the whole listing: the biggest page the API serves.
+PREFIX_PAGE_SIZE = 500
+PREFIX_CANDIDATES_SHOWN = 10
+FULL_JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
+JOB_ID_PREFIX = re.compile(r"^[0-9a-f][0-9a-f-]{0,34}$", re.I)
 
 # Where a field named by a 400 comes from on the command line.
 FIELD_FLAGS = {
@@ -61,6 +69,10 @@ FIELD_FLAGS = {
 
 class UsageError(Exception):
     """Bad input caught before any request; the message says what to fix."""
+
+
+class NoSuchJob(Exception):
+    """A short job id that matches no job the key can see (like a 404 for a full id)."""
 
 
 class JobUnsuccessful(Exception):
@@ -190,6 +202,55 @@ def make_api(args: argparse.Namespace) -> GantryAPI:
     return GantryAPI(settings.api_url, settings.api_key, timeout=args.timeout)
 
 
+def job_arg(api: GantryAPI, args: argparse.Namespace) -> str:
+    """The JOB argument as a full id (a unique prefix is resolved); error messages then
+    name the full id too."""
+    args.job = resolve_job_id(api, args.job)
+    return args.job
+
+
+def resolve_job_id(api: GantryAPI, text: str) -> str:
+    """A full id as given (no request); a hex prefix such as `3f2a` as the one job whose
+    id starts with it, from the listing of every job the key can see."""
+    text = text.strip()
+    if FULL_JOB_ID.match(text) or not JOB_ID_PREFIX.match(text):
+        return text  # ids are opaque to the API: anything but a hex prefix goes as is
+    prefix = text.lower()
+    matches = []
+    for job in api.pages("/v1/jobs", {"limit": PREFIX_PAGE_SIZE}):
+        if str(job.get("id", "")).lower().startswith(prefix):
+            matches.append(job)
+            if len(matches) > PREFIX_CANDIDATES_SHOWN:
+                break  # ambiguous already; no need to read the rest
+    if not matches:
+        raise NoSuchJob(f"No job {text}: no job id that this key can see starts with {text}.")
+    if len(matches) > 1:
+        raise UsageError(ambiguous_prefix(text, matches))
+    return str(matches[0]["id"])
+
+
+def ambiguous_prefix(prefix: str, matches: list[dict]) -> str:
+    shown = matches[:PREFIX_CANDIDATES_SHOWN]
+    rows = [(j.get("id"), j.get("status"), render.timestamp(j.get("created_at"))) for j in shown]
+    more = "more than " if len(matches) > PREFIX_CANDIDATES_SHOWN else ""
+    table = "\n".join(
+        f"  {line}" for line in render.table(("ID", "STATUS", "CREATED"), rows).splitlines()
+    )
+    return (
+        f"The job id prefix {prefix} is ambiguous: it matches {more}{len(shown)} jobs.\n"
+        f"{table}\nGive more of the id."
+    )
+
+
+def project_names(api: GantryAPI) -> dict[str, str]:
+    """Project id -> name, read once per run; {} (ids are shown) where it cannot be read:
+    names are a convenience, never a reason to fail a command."""
+    try:
+        return api.project_names()
+    except (ApiError, TransportError, ProtocolError):
+        return {}
+
+
 def submit_with_retry(api: GantryAPI, spec: dict, *, key: str, retries: int):
     """Submit; on 429, 5xx or a lost connection wait and resend with the same key.
 
@@ -239,17 +300,38 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def follow_job(api: GantryAPI, job_id: str, args: argparse.Namespace) -> dict:
+    """Follow the job (its event stream, else polls) to its end, showing its status."""
     job: dict = {"id": job_id}
-    bar = None if args.no_progress else render.ProgressBar(sys.stderr, job_id=job_id)
+    view = (
+        None
+        if args.no_progress
+        else render.StatusView(sys.stderr, job_id=job_id, now=api.server_now)
+    )
+    context, moment = AttemptContext(), None
     try:
-        for snapshot in api.follow(job_id, poll_max=args.poll_max):
-            job = snapshot
-            if bar:
-                bar.update(job)
+        for job in api.watch(job_id, poll_max=args.poll_max):
+            if view is None:
+                continue
+            # Events are read again only when an attempt may have begun or ended.
+            if (job.get("status"), job.get("attempts")) != moment:
+                moment = (job.get("status"), job.get("attempts"))
+                context = attempt_context(api, job, context)
+            view.update(job, context)
     finally:
-        if bar:
-            bar.close()
+        if view is not None:
+            view.close()
     return job
+
+
+def attempt_context(api: GantryAPI, job: dict, previous: AttemptContext) -> AttemptContext:
+    """Node, GPU and the latest requeue's cause, from the job's events; the previous
+    context when they cannot be read (they only add to the status line)."""
+    if not job.get("attempts"):
+        return AttemptContext()
+    try:
+        return render.attempt_context(api.job_events(job["id"]))
+    except (ApiError, TransportError, ProtocolError):
+        return previous
 
 
 def finish_waiting(api: GantryAPI, job_id: str, args: argparse.Namespace) -> int:
@@ -257,7 +339,7 @@ def finish_waiting(api: GantryAPI, job_id: str, args: argparse.Namespace) -> int
     args.following = None
     if job.get("status") != "succeeded":
         raise JobUnsuccessful(job)
-    download = api.download_result(job["id"], Path(args.output) if args.output else None)
+    download = api.download_result(job["id"], args.output)
     if args.json:
         dump({"job": job, "result_file": str(download.path), "bytes": download.size})
     else:
@@ -269,16 +351,17 @@ def finish_waiting(api: GantryAPI, job_id: str, args: argparse.Namespace) -> int
 
 def cmd_wait(args: argparse.Namespace) -> int:
     api = make_api(args)
-    args.following = args.job
+    args.following = job_arg(api, args)
     return finish_waiting(api, args.job, args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    job = make_api(args).get_job(args.job)
+    api = make_api(args)
+    job = api.get_job(job_arg(api, args))
     if args.json:
         dump(job)
     else:
-        out(render.job_detail(job))
+        out(render.job_detail(job, project_names(api)))
     return EXIT_OK
 
 
@@ -301,14 +384,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not jobs:
         out("No jobs.")
     else:
-        out(render.jobs_table(jobs))
+        out(render.jobs_table(jobs, project_names(api)))
     if cursor:
         note(f"(first {len(jobs)} shown: --limit N for more, --all for every job)")
     return EXIT_OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    job = make_api(args).cancel_job(args.job)
+    api = make_api(args)
+    job = api.cancel_job(job_arg(api, args))
     if args.json:
         dump(job)
     elif job.get("status") == "cancelled":
@@ -328,7 +412,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    events = make_api(args).job_events(args.job)
+    api = make_api(args)
+    events = api.job_events(job_arg(api, args))
     if args.json:
         dump({"results": events})
     else:
@@ -345,8 +430,44 @@ def cmd_balance(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    api = make_api(args)
+    job = api.get_job(job_arg(api, args))  # a clear "no such job" before any log request
+    if not args.follow:
+        text = api.job_log(args.job, args.attempt)
+        sys.stdout.write(text if not text or text.endswith("\n") else f"{text}\n")
+        sys.stdout.flush()
+        if not text:
+            note(
+                f"(job {args.job} has printed nothing{' in that attempt' if args.attempt else ''})"
+            )
+        return EXIT_OK
+    args.following, args.follow_again = args.job, f"gantry logs -f {args.job}"
+    attempt = args.attempt or job.get("attempts") or 0
+    if not attempt:
+        job = wait_for_first_attempt(api, job, args)
+        attempt = job.get("attempts") or 0
+    if not attempt:
+        note(f"gantry: job {args.job} ended {job.get('status')} before any attempt: no logs.")
+        return EXIT_JOB_FAILED
+    # The attempt number is fixed now: a retry's log is not mixed into this one's.
+    for line in api.follow_log(args.job, attempt, poll_max=args.poll_max):
+        out(line)
+    return EXIT_OK
+
+
+def wait_for_first_attempt(api: GantryAPI, job: dict, args: argparse.Namespace) -> dict:
+    note(f"Job {args.job} is {job.get('status')}: waiting for its first attempt to start.")
+    with contextlib.closing(api.watch(args.job, poll_max=args.poll_max)) as snapshots:
+        for job in snapshots:
+            if job.get("attempts") or job.get("status") in TERMINAL_STATUSES:
+                break
+    return job
+
+
 def cmd_result(args: argparse.Namespace) -> int:
-    download = make_api(args).download_result(args.job, Path(args.output) if args.output else None)
+    api = make_api(args)
+    download = api.download_result(job_arg(api, args), args.output)
     if args.json:
         dump({"result_file": str(download.path), "bytes": download.size})
     else:
@@ -386,7 +507,9 @@ def explain_api_error(exc: ApiError, args: argparse.Namespace) -> str:
     job = getattr(args, "job", None)
     command = getattr(args, "command", "")
     settings = args.settings
-    message = exc.message.rstrip(".") + "." if exc.message else ""
+    # Server messages quote amounts in micro-credits ("66667 µc"): people read credits.
+    text = render.amounts_in_credits(exc.message)
+    message = text.rstrip(".") + "." if text else ""
 
     if exc.status == 400:
         text = f"Invalid request: {message}"
@@ -415,6 +538,13 @@ def explain_api_error(exc: ApiError, args: argparse.Namespace) -> str:
             return f"A hard budget would be exceeded: {message}"
         return f"Forbidden: {message} This key may not do that."
     if exc.status == 404:
+        if command == "logs" and "/logs" in urlsplit(exc.url).path:
+            if exc.message.startswith("No such endpoint"):
+                return (
+                    f"The server at {settings.api_url} has no job logs ({exc.method} "
+                    f"{urlsplit(exc.url).path} is not a route there): it is older than this client."
+                )
+            return f"No log for job {job}: {message}"
         if command == "result":
             return (
                 f"No result for job {job}: {message} A result exists once the job has "
@@ -497,16 +627,28 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 def _wait_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-o", "--output", metavar="PATH", help="result file or directory (default ./<job id>.<ext>)"
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="result file, or a folder (ending in / or existing) where it keeps its own name "
+        "(default ./<job id>.<ext>)",
     )
+    _poll_option(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no status line")
+
+
+def _poll_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--poll-max",
         type=positive_float,
         default=10.0,
         metavar="S",
-        help="longest pause between two polls while nothing changes (default 10)",
+        help="longest pause between two reads when the live stream is unavailable or "
+        "keeps dropping, while nothing changes (default 10)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+JOB_HELP = "a job id, or the start of one that no other job's id starts with (3f2a)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -581,10 +723,10 @@ def build_parser() -> argparse.ArgumentParser:
     _wait_options(s)
 
     status = command("status", cmd_status, "show a job")
-    status.add_argument("job", metavar="JOB")
+    status.add_argument("job", metavar="JOB", help=JOB_HELP)
 
     wait = command("wait", cmd_wait, "follow a job to its end and download its result")
-    wait.add_argument("job", metavar="JOB")
+    wait.add_argument("job", metavar="JOB", help=JOB_HELP)
     _wait_options(wait)
 
     listing = command("list", cmd_list, "list jobs, newest first")
@@ -603,18 +745,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     cancel = command("cancel", cmd_cancel, "cancel a job")
-    cancel.add_argument("job", metavar="JOB")
+    cancel.add_argument("job", metavar="JOB", help=JOB_HELP)
 
     events = command("events", cmd_events, "a job's status changes, oldest first")
-    events.add_argument("job", metavar="JOB")
+    events.add_argument("job", metavar="JOB", help=JOB_HELP)
 
     command("balance", cmd_balance, "credits by kind, held amounts and upcoming expirations")
 
     result = command("result", cmd_result, "download a finished job's output")
-    result.add_argument("job", metavar="JOB")
+    result.add_argument("job", metavar="JOB", help=JOB_HELP)
     result.add_argument(
-        "-o", "--output", metavar="PATH", help="file or directory (default ./<job id>.<ext>)"
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file, or a folder (ending in / or existing) where it keeps its own name "
+        "(default ./<job id>.<ext>)",
     )
+
+    logs = command("logs", cmd_logs, "what the generator printed (stdout and stderr) in an attempt")
+    logs.add_argument("job", metavar="JOB", help=JOB_HELP)
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print lines as they come, until the attempt ends",
+    )
+    logs.add_argument(
+        "--attempt", type=positive_int, metavar="N", help="which attempt (default: the latest)"
+    )
+    _poll_option(logs)
 
     configure = command(
         "configure",
@@ -632,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version or a usage error already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     args.following = None
+    args.follow_again = None
     try:
         args.settings = configuration.resolve(api_url=args.api_url, api_key=args.api_key)
         return args.handler(args)
@@ -643,6 +803,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and exc.body:
             dump({"status": exc.status, **exc.body})
         return EXIT_REFUSED if exc.status < 500 else EXIT_UNAVAILABLE
+    except NoSuchJob as exc:
+        note(f"gantry: {exc}")
+        return EXIT_REFUSED
     except TransportError as exc:
         note(f"gantry: {explain_transport_error(exc, args)}")
         return EXIT_UNAVAILABLE
@@ -652,16 +815,18 @@ def main(argv: list[str] | None = None) -> int:
     except JobUnsuccessful as exc:
         job = exc.job
         error = job.get("error") or {}
-        detail = f": {error.get('code')}: {error.get('message')}" if error else ""
+        message = render.amounts_in_credits(error.get("message") or "")
+        detail = f": {error.get('code')}: {message}" if error else ""
         note(f"gantry: job {job.get('id')} ended {job.get('status')}{detail}")
         if args.json:
             dump(job)
         return EXIT_JOB_FAILED
     except KeyboardInterrupt:
         if args.following:
+            again = args.follow_again or f"gantry wait {args.following}"
             note(
                 f"\nStopped following job {args.following}; it keeps running. "
-                f"Follow it again with `gantry wait {args.following}`, "
+                f"Follow it again with `{again}`, "
                 f"stop it with `gantry cancel {args.following}`."
             )
         return EXIT_INTERRUPTED

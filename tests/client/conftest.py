@@ -55,7 +55,10 @@ class Seen:
 
 @dataclass
 class StubServer:
-    """Answers each (method, path) with a function of the request: (status, headers, body)."""
+    """Answers each (method, path) with a function of the request: (status, headers, body).
+
+    A body that is not bytes is an iterable of chunks, written and flushed one by one
+    (a Server-Sent Events stream); the connection closes after the last."""
 
     url: str = ""
     routes: dict = field(default_factory=dict)
@@ -79,9 +82,17 @@ def _handler(stub: StubServer):
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
+                if isinstance(body, bytes):
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                # A stream: each chunk as it is produced, then the connection closes
+                # (HTTP/1.0), whether the chunks ended an event or cut one short.
                 self.end_headers()
-                self.wfile.write(body)
+                for chunk in body:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 return  # the client gave up first (the timeout test): nothing to answer
 
@@ -109,3 +120,24 @@ def stub_server():
 def json_answer(status: int, data, **headers) -> Callable[[Seen], tuple[int, dict, bytes]]:
     body = json.dumps(data).encode()
     return lambda _seen: (status, {"Content-Type": "application/json", **headers}, body)
+
+
+def in_turn(*answers: Callable[[Seen], tuple]) -> Callable[[Seen], tuple]:
+    """The first answer to the first request, the next to the next; the last one after."""
+    queue = list(answers)
+
+    def answer(seen: Seen):
+        return (queue.pop(0) if len(queue) > 1 else queue[0])(seen)
+
+    return answer
+
+
+def sse_answer(*chunks: str | bytes) -> Callable[[Seen], tuple[int, dict, object]]:
+    """An event stream of these chunks (str as UTF-8), the connection closed after them."""
+    raw = [c.encode() if isinstance(c, str) else c for c in chunks]
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    return lambda _seen: (200, headers, iter(raw))
+
+
+def job_event(body: dict) -> str:
+    return f"event: job\ndata: {json.dumps(body)}\n\n"

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
 import stat
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from gantry_client import config, render
-from gantry_client.api import next_cursor, parse_retry_after
+from gantry_client.api import ServerEvent, next_cursor, parse_retry_after, parse_sse
 from gantry_client.cli import build_job_request, build_parser, duration_seconds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,24 +239,219 @@ def test_balance_table_by_kind_with_upcoming_expirations():
     ]
 
 
-def test_progress_bar_on_a_log_prints_a_line_per_status_or_tenth(tmp_path):
-    log = (tmp_path / "log.txt").open("w+")
-    bar = render.ProgressBar(log, job_id="j1")
-    for status, progress in [
-        ("queued", 0.0),
-        ("queued", 0.0),
-        ("running", 0.0),
-        ("running", 0.05),
-        ("running", 0.55),
-        ("running", 0.56),
-        ("succeeded", 1.0),
+def test_sse_parser_follows_the_event_stream_rules():
+    raw = (
+        b": keep-alive\n"
+        b"\n"
+        b"event: job\r\n"
+        b"id: 7\r\n"
+        b'data: {"a":\r\n'
+        b"data:  1}\r\n"
+        b"\r\n"
+        b"data:no space after the colon\n"
+        b"retry: 100\n"
+        b"unknown: ignored\n"
+        b"\n"
+        b"event: empty\n"
+        b"\n"
+        b"event: line\n"
+        b"data: cut short by a dropped connection"
+    )
+    events = list(parse_sse(io.BytesIO(raw)))
+    assert events == [
+        None,  # the comment: the stream is alive
+        ServerEvent("job", '{"a":\n 1}', "7"),
+        ServerEvent("message", "no space after the colon", "7"),  # the last id stays
+    ]
+
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def followed(status: str, **more) -> dict:
+    body = {
+        "id": "j1",
+        "status": status,
+        "progress": 0.0,
+        "attempts": 1,
+        "gpu_type": None,
+        "queue": None,
+        "hold": {"amount": 66_667, "charged": 12_300, "refunded": 0, "state": "active"},
+        "created_at": (NOW - timedelta(minutes=1, seconds=5)).isoformat(),
+        "finished_at": None,
+    }
+    return body | more
+
+
+def test_attempt_context_reads_placement_and_the_latest_requeue_from_events():
+    events = [
+        {"from": None, "to": "queued", "reason": "submitted"},
+        {"from": "queued", "to": "scheduled", "reason": "placed on e2e-h100 GPU 0,1 (H100)"},
+        {"from": "scheduled", "to": "running", "reason": "attempt 1 started on e2e-h100"},
+        {"from": "preempting", "to": "queued", "reason": "preempted; resumes from its checkpoint"},
+        {"from": "queued", "to": "scheduled", "reason": "placed on e2e-a100 GPU 3 (A100)"},
+    ]
+    assert render.attempt_context(events) == render.AttemptContext(
+        node="e2e-a100", gpu_type="A100", requeued_after="preemption"
+    )
+    assert render.attempt_context([]) == render.AttemptContext()
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        ("preempted for a higher-priority job; it is requeued", "preemption"),
+        ("The generator crashed (exit 1): boom Retrying in 2 s (failure 1 of 3).", "crash"),
+        ("The generator ran out of GPU memory (exit 137): CUDA out of memory", "out-of-memory"),
+        ("The generator printed nothing for 60 s and was killed as hung.", "hang"),
+        ("The attempt's lease expired: its worker stopped heartbeating (lost).", "worker loss"),
+        ("its worker shut down; resumes from its checkpoint on another", "worker shutdown"),
+        ("something new", "failure"),
+    ],
+)
+def test_why_a_job_went_back_to_the_queue(reason, cause):
+    assert render.requeue_cause(reason) == cause
+
+
+def test_status_line_of_a_running_job():
+    context = render.AttemptContext(node="e2e-h100", gpu_type="H100", requeued_after="preemption")
+    line = render.status_line(followed("running", progress=0.47, attempts=2), context, now=NOW)
+    assert line == (
+        "running 47% | attempt 2 after preemption | on e2e-h100 (H100) | 1m 05s elapsed | "
+        "cost 0.012300 credits"
+    )
+    # The body's own GPU type wins over the events'; without a node, the GPU alone.
+    line = render.status_line(
+        followed("scheduled", gpu_type="A100"), render.AttemptContext(), now=NOW
+    )
+    assert line == "scheduled | attempt 1 | on A100 | 1m 05s elapsed | cost 0.012300 credits"
+
+
+def test_status_line_of_a_queued_job():
+    queue = {
+        "position": 3,
+        "reason": "waiting for an H100: 1 of 1 busy",
+        "estimated_start_at": (NOW + timedelta(seconds=40)).isoformat(),
+    }
+    fresh = followed("queued", attempts=0, queue=queue, hold=None)
+    assert render.status_line(fresh, render.AttemptContext(), now=NOW) == (
+        "queued | #3 in queue: waiting for an H100: 1 of 1 busy, starts ~in 40s | 1m 05s elapsed"
+    )
+    unknown = followed("queued", attempts=0, queue={"position": None, "reason": None})
+    assert render.status_line(unknown, render.AttemptContext(), now=NOW).startswith(
+        "queued | in queue | 1m 05s elapsed"
+    )
+    again = followed("queued", progress=0.4, attempts=1, queue=queue | {"estimated_start_at": None})
+    context = render.AttemptContext(node="e2e-h100", gpu_type="H100", requeued_after="crash")
+    assert render.status_line(again, context, now=NOW) == (
+        "queued 40% | retrying after crash | #3 in queue: waiting for an H100: 1 of 1 busy | "
+        "1m 05s elapsed | cost 0.012300 credits"
+    )
+
+
+def test_status_line_of_a_finished_job_stops_its_clock():
+    done = followed(
+        "succeeded", progress=1.0, finished_at=(NOW - timedelta(seconds=20)).isoformat()
+    )
+    line = render.status_line(done, render.AttemptContext(node="n1"), now=NOW)
+    assert line == "succeeded 100% | attempt 1 | on n1 | 45s elapsed | cost 0.012300 credits"
+
+
+def test_status_view_on_a_log_prints_each_change_once():
+    log = io.StringIO()
+    view = render.StatusView(log, job_id="j1", now=lambda: NOW)
+    context = render.AttemptContext(node="n1", gpu_type="H100")
+    for status, progress, charged in [
+        ("queued", 0.0, 0),
+        ("queued", 0.0, 0),
+        ("running", 0.0, 0),
+        ("running", 0.004, 10),  # still 0%: the cost alone makes no new line
+        ("running", 0.05, 20),
+        ("running", 0.55, 30),
+        ("running", 0.56, 40),
+        ("running", 0.7, 50),
+        ("succeeded", 1.0, 60),
     ]:
-        bar.update({"status": status, "progress": progress})
-    bar.close()
-    log.seek(0)
-    lines = log.read().splitlines()
-    assert [line.split()[4] for line in lines] == ["queued", "running", "running", "succeeded"]
-    assert [line.split()[3] for line in lines] == ["0%", "0%", "55%", "100%"]
+        view.update(followed(status, progress=progress, hold={"charged": charged}), context)
+    view.close()
+    lines = log.getvalue().splitlines()
+    assert [line.split(" | ")[0] for line in lines] == [
+        "job j1: queued",
+        "job j1: running 0%",
+        "job j1: running 5%",
+        "job j1: running 55%",
+        "job j1: running 56%",
+        "job j1: running 70%",
+        "job j1: succeeded 100%",
+    ]
+    assert lines[-1].endswith("| cost 0.000060 credits")
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_status_view_on_a_terminal_redraws_one_line_and_ends_it(monkeypatch):
+    columns = 80
+    monkeypatch.setattr(
+        render.shutil, "get_terminal_size", lambda fallback: os.terminal_size((columns, 24))
+    )
+    screen = Terminal()
+    view = render.StatusView(screen, job_id="j1", now=lambda: NOW, bar_width=10, tick_s=None)
+    view.update(followed("running", progress=0.5, hold=None), render.AttemptContext(node="n1"))
+    columns = 30  # a narrower terminal: the line is cut, never wrapped
+    view.update(followed("running", progress=0.6, hold=None), render.AttemptContext(node="n1"))
+    view.close()
+    frames = screen.getvalue().split("\r")[1:]
+    assert frames == [
+        "[#####-----] running 50% | attempt 1 | on n1 | 1m 05s elapsed\x1b[K",
+        "[######----] running 60% | at\x1b[K\n",
+    ]
+
+
+def test_status_view_on_a_terminal_keeps_its_clock_moving():
+    screen = Terminal()
+    clock = iter(NOW + timedelta(seconds=s) for s in range(1000))
+    view = render.StatusView(screen, job_id="j1", now=lambda: next(clock), tick_s=0.01)
+    view.update(followed("running", progress=0.5))
+    deadline = time.monotonic() + 5
+    while screen.getvalue().count("\r") < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    view.close()
+    assert screen.getvalue().count("\r") >= 3
+    assert len({frame.split(" | ")[2] for frame in screen.getvalue().split("\r")[1:]}) >= 3
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        (
+            "Not enough credit: 0 µc available, 66667 µc requested.",
+            "Not enough credit: 0.000000 credits available, 0.066667 credits requested.",
+        ),
+        (
+            "0 µc held + 1500000 µc consumed + 66667 µc requested > limit 1 µc.",
+            "0.000000 credits held + 1.500000 credits consumed + 0.066667 credits requested "
+            "> limit 0.000001 credits.",
+        ),
+        ("Granted 2000000 micro-credits.", "Granted 2.000000 credits."),
+        ("job 42 on GPU 3", "job 42 on GPU 3"),
+    ],
+)
+def test_micro_credit_amounts_in_server_messages_read_as_credits(message, shown):
+    assert render.amounts_in_credits(message) == shown
+
+
+def test_job_detail_and_table_name_projects_and_fall_back_to_ids():
+    names = {"p1": "studio"}
+    named = followed("queued") | {"project": "p1", "resources": {"gpu_count": 1}}
+    unnamed = followed("queued") | {"id": "j2", "project": "p9", "resources": {"gpu_count": 1}}
+    detail = dict(line.split(None, 1) for line in render.job_detail(named, names).splitlines())
+    assert detail["Project"] == "studio"
+    table = render.jobs_table([named, unnamed], names).splitlines()
+    assert [row.split()[3] for row in table[1:]] == ["studio", "p9"]
+    assert "p1" in render.job_detail(named)  # no names read: the id
 
 
 def test_client_imports_neither_django_nor_the_server_apps():

@@ -89,8 +89,9 @@ def test_a_server_that_does_not_answer_in_time(gantry, stub_server):
 def test_wait_rides_out_a_brief_outage_and_keeps_the_key_off_another_origin(
     gantry, stub_server, tmp_path
 ):
-    """A 503 and a 500 while polling are waited out; the signed result URL on another origin
-    (here the same server named `localhost`) is fetched without the API key."""
+    """A server without the job stream (404) is polled; a 503 and a 500 while polling are
+    waited out; the signed result URL on another origin (here the same server named
+    `localhost`) is fetched without the API key."""
     snapshots = iter(
         [
             (200, {"id": JOB_ID, "status": "running", "progress": 0.5}, {}),
@@ -134,11 +135,12 @@ def test_wait_rides_out_a_brief_outage_and_keeps_the_key_off_another_origin(
         tmp_path,
     )
     assert run.code == 0, run.err
-    saved = tmp_path / f"{JOB_ID}.gif"
+    saved = tmp_path / "output.gif"  # into a folder: the file's own name
     assert saved.read_bytes() == b"GIF89a-fake-frames"
     assert f"Result saved to {saved}" in run.out
     assert "charged 0.000007 credits" in run.out
     by_path = {seen.path.split("?")[0]: seen for seen in stub_server.seen}
+    assert stub_server.seen[0].path == f"/v1/jobs/{JOB_ID}/stream"
     assert by_path[f"/v1/jobs/{JOB_ID}/result"].headers["Authorization"] == "Bearer gk_secret"
     assert "Authorization" not in by_path[f"/signed/{JOB_ID}/output.gif"].headers
 
