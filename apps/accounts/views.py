@@ -109,7 +109,7 @@ class APIKeyListView(GenericAPIView):
         return self.get_paginated_response(APIKeySerializer(page, many=True).data)
 
     @extend_schema(request=APIKeyCreateSerializer, responses={201: APIKeySerializer})
-    @idempotent()
+    @idempotent(secret_fields=("key",))  # the raw key is shown once, never stored
     def post(self, request):
         serializer = APIKeyCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from rest_framework.response import Response
 
@@ -66,8 +67,11 @@ def body_digest(request) -> str:
     return hashlib.sha256(f"{request.method} {request.path}\n{canonical}".encode()).hexdigest()
 
 
-def idempotent(*, required: bool = False):
-    """Decorate a DRF view method so that it runs at most once per Idempotency-Key."""
+def idempotent(*, required: bool = False, secret_fields: tuple[str, ...] = ()):
+    """Decorate a DRF view method so that it runs at most once per Idempotency-Key.
+
+    The first answer is stored to be replayed, except its `secret_fields` (a new API
+    key's `key`, shown once): a replay answers the same object without them."""
 
     def decorate(view_method):
         @functools.wraps(view_method)
@@ -99,10 +103,22 @@ def idempotent(*, required: bool = False):
                         path=request.path[:255],
                         body_digest=digest,
                         status_code=response.status_code,
-                        response_body=response.data,
+                        # As the client got it (ids, times and decimals as JSON text).
+                        response_body=_storable(response.data, secret_fields),
                     )
                 return response
 
         return wrapper
 
     return decorate
+
+
+def _storable(data, secret_fields: tuple[str, ...]):
+    """The answer as the client got it (ids, times, decimals as JSON text), without the
+    fields that must never be stored."""
+    stored = json.loads(json.dumps(data, cls=DjangoJSONEncoder))
+    if isinstance(stored, dict):
+        for name in secret_fields:
+            if name in stored:
+                stored[name] = None
+    return stored

@@ -3,6 +3,7 @@ import base64
 import pytest
 
 from apps.accounts.models import Org, Project
+from apps.core.models import IdempotentRequest
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, UserFactory, org_key
 
@@ -156,3 +157,25 @@ def test_tampered_cursor_is_400_naming_cursor(operator):
     response = operator.get(f"/v1/orgs?cursor={tampered}")
     assert response.status_code == 400
     assert response.json()["error"]["field"] == "cursor"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/orgs/{org}/projects", {"name": "video"}),
+        ("/v1/orgs/{org}/users", {"name": "alice"}),
+        ("/v1/api-keys", {"org": "{org}"}),
+        ("/v1/orgs", {"name": "acme-2", "tier": "paid"}),
+    ],
+)
+def test_every_operator_create_replays_under_its_idempotency_key(operator, org, path, body):
+    body = {k: v.format(org=org.id) for k, v in body.items()}
+    url = path.format(org=org.id)
+    first = operator.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
+    assert first.status_code == 201, first.content
+    again = operator.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    if "key" in first.json():  # a new API key is shown once: never stored, never replayed
+        assert first.json()["key"] and again.json()["key"] is None
+        assert first.json()["key"] not in str(IdempotentRequest.objects.values_list())
