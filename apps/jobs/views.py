@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
@@ -215,6 +216,12 @@ class GeneratorSchemaView(APIView):
         return Response(generator_params_schema())
 
 
+# The blocking reads of streams (key, job, log) run on these threads, shared by every
+# event loop of the process: their database connections are reused (CONN_MAX_AGE) and
+# bounded, instead of following the life of a loop's default executor.
+STREAM_READS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stream-reads")
+
+
 def _stream_principal_and_job(request, job_id):
     """Authenticate as the API does and find the job the key may read (blocking)."""
     try:
@@ -242,7 +249,7 @@ async def job_stream(request, job_id):
     Served by Django's async handler (config/asgi.py), so an open stream holds no thread."""
     if request.method != "GET":
         return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
-    run_sync = sync_to_async(thread_sensitive=False)
+    run_sync = sync_to_async(thread_sensitive=False, executor=STREAM_READS)
     refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
     if refusal is not None:
         return refusal
@@ -270,7 +277,7 @@ async def job_logs(request, job_id):
     """
     if request.method != "GET":
         return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
-    run_sync = sync_to_async(thread_sensitive=False)
+    run_sync = sync_to_async(thread_sensitive=False, executor=STREAM_READS)
     refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
     if refusal is not None:
         return refusal
