@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -136,20 +137,6 @@ def run_tests(env: dict[str, str], pytest_args: list[str]) -> int:
         log("pytest collected no tests")
         return 0
     return code
-
-
-def start(
-    name: str, argv: list[str], env: dict[str, str], *, log_dir: Path | None = None
-) -> subprocess.Popen:
-    log(f"starting {name}: {' '.join(argv)}")
-    output = None
-    if log_dir is not None:  # the demo keeps the terminal for its own printout
-        log_dir.mkdir(parents=True, exist_ok=True)
-        output = (log_dir / f"{name}.log").open("ab")
-    # Own process group so Ctrl-C handling and shutdown reach the whole tree.
-    return subprocess.Popen(
-        argv, cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output
-    )
 
 
 def wait_ready(url: str, processes: dict[str, subprocess.Popen], *, timeout: float) -> bool:
@@ -388,6 +375,85 @@ def node_queues(env: dict[str, str]) -> list[tuple[str, int]]:
 DEMO_LOGS = DATA / "logs"
 
 
+SUPERVISOR_DIR = DATA / "supervisor"
+# A process that ran this long and then died is restarted at once; one that dies sooner
+# counts as failing to start, retried with growing pauses (1 s, 2 s, ...) this many times.
+RESTART_START_S = 3
+RESTART_RETRIES = 10
+
+
+def _supervisor_value(text: str) -> str:
+    """Supervisor expands %(name)s in its values: a literal % is written %%."""
+    return text.replace("%", "%%")
+
+
+def supervisor_config(
+    table: dict[str, Process], env: dict[str, str], *, log_dir: Path | None = None
+) -> str:
+    """supervisord's configuration for the process table: every process restarted when
+    it dies (autorestart), stopped with its whole process group, its output on the
+    launcher's terminal (or in log_dir/<name>.log)."""
+    sock = SUPERVISOR_DIR / "supervisor.sock"
+    lines = [
+        "[supervisord]",
+        "nodaemon=true",
+        f"logfile={SUPERVISOR_DIR / 'supervisord.log'}",
+        f"pidfile={SUPERVISOR_DIR / 'supervisord.pid'}",
+        f"childlogdir={SUPERVISOR_DIR}",
+        "loglevel=info",
+        "",
+        "[unix_http_server]",
+        f"file={sock}",
+        "chmod=0700",
+        "",
+        "[rpcinterface:supervisor]",
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "",
+        "[supervisorctl]",
+        f"serverurl=unix://{sock}",
+    ]
+    for name, process in table.items():
+        output = str(log_dir / f"{name}.log") if log_dir is not None else "/dev/stdout"
+        extra = ",".join(
+            f'{key}="{_supervisor_value(value)}"' for key, value in process.env.items()
+        )
+        lines += [
+            "",
+            f"[program:{name}]",
+            f"command={_supervisor_value(' '.join(shlex.quote(a) for a in process.argv))}",
+            f"directory={ROOT}",
+            "autostart=true",
+            "autorestart=true",
+            f"startsecs={RESTART_START_S}",
+            f"startretries={RESTART_RETRIES}",
+            "stopsignal=TERM",
+            "stopwaitsecs=10",  # then SIGKILL; the launcher waits 15 s for supervisord
+            "stopasgroup=true",
+            "killasgroup=true",
+            "redirect_stderr=true",
+            f"stdout_logfile={output}",
+            "stdout_logfile_maxbytes=0",
+            *([f"environment={extra}"] if extra else []),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def supervise(table: dict[str, Process], env: dict[str, str], *, log_dir: Path | None):
+    """Start supervisord (foreground) over the process table; returns its Popen."""
+    SUPERVISOR_DIR.mkdir(parents=True, exist_ok=True)
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    config = SUPERVISOR_DIR / "supervisord.conf"
+    config.write_text(supervisor_config(table, env, log_dir=log_dir))
+    log(f"starting {', '.join(table)} under supervisord ({config})")
+    return subprocess.Popen(
+        [str(BIN / "supervisord"), "--configuration", str(config)],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,  # our signal handler decides when it stops
+    )
+
+
 def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> int:
     """Run the platform until Ctrl-C; with demo_args, until scripts/demo.py (given the
     operator key and those arguments) has driven its load, then stop everything."""
@@ -426,13 +492,9 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
             env, api_port=api_port, flower_port=flower_port, metrics_port_base=metrics_port_base
         )
         prepare_metrics(table, api_port=api_port, flower_port=flower_port)
-        for name, process in table.items():
-            processes[name] = start(
-                name,
-                process.argv,
-                {**env, **process.env},
-                log_dir=DEMO_LOGS if demo_args is not None else None,
-            )
+        processes["supervisord"] = supervise(
+            table, env, log_dir=DEMO_LOGS if demo_args is not None else None
+        )
         worker_metrics = [
             f"  Metrics       http://127.0.0.1:{process.metrics_port}/metrics   ({name})"
             for name, process in table.items()
@@ -486,6 +548,7 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
             if demo is not None and demo.poll() is not None:
                 log(f"demo finished with {demo.returncode}; stopping the stack")
                 return demo.returncode
+            # supervisord restarts what dies; only its own end stops the platform.
             for name, proc in processes.items():
                 if proc.poll() is not None:
                     log(f"{name} exited with {proc.returncode}; stopping the stack")
