@@ -222,6 +222,19 @@ class GeneratorSchemaView(APIView):
 STREAM_READS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stream-reads")
 
 
+def stream_read(fn):
+    """`fn` as a coroutine function run on STREAM_READS, closing its thread's database
+    connection afterwards where it should not persist (CONN_MAX_AGE, or an error)."""
+
+    def read(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(read, thread_sensitive=False, executor=STREAM_READS)
+
+
 def _stream_principal_and_job(request, job_id):
     """Authenticate as the API does and find the job the key may read (blocking)."""
     try:
@@ -249,16 +262,13 @@ async def job_stream(request, job_id):
     Served by Django's async handler (config/asgi.py), so an open stream holds no thread."""
     if request.method != "GET":
         return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
-    run_sync = sync_to_async(thread_sensitive=False, executor=STREAM_READS)
+    run_sync = stream_read
     refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
     if refusal is not None:
         return refusal
 
     def read_body() -> dict:
-        try:
-            return job_body(selectors.job_for_stream(job.pk))
-        finally:
-            close_old_connections()
+        return job_body(selectors.job_for_stream(job.pk))
 
     async def call(fn):
         return await run_sync(fn)()
@@ -277,7 +287,7 @@ async def job_logs(request, job_id):
     """
     if request.method != "GET":
         return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
-    run_sync = sync_to_async(thread_sensitive=False, executor=STREAM_READS)
+    run_sync = stream_read
     refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
     if refusal is not None:
         return refusal
