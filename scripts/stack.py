@@ -114,6 +114,39 @@ def services(*, purpose: str) -> Iterator[dict[str, str]]:
         yield env
 
 
+# While `up` runs, where its services are: `run` attaches to them instead of starting (and
+# on exit stopping) a second PostgreSQL or Valkey on the same data folders.
+PLATFORM_FILE = DATA / "platform.json"
+ATTACHED_VARIABLES = ("DATABASE_URL", "REDIS_URL", "GANTRY_SECRET_KEY", "GANTRY_PUBLIC_URL")
+
+
+def running_platform() -> dict | None:
+    """The running platform's services ({"pid", "env"}), or None when none runs."""
+    try:
+        info = json.loads(PLATFORM_FILE.read_text())
+        os.kill(int(info["pid"]), 0)
+    except (FileNotFoundError, ValueError, KeyError, TypeError, ProcessLookupError):
+        return None
+    except PermissionError:  # alive, another user's
+        return info
+    return info
+
+
+@contextlib.contextmanager
+def announced_platform(env: dict[str, str]) -> Iterator[None]:
+    """Write PLATFORM_FILE for as long as this launcher runs the platform."""
+    DATA.mkdir(exist_ok=True)
+    shared = {name: env[name] for name in ATTACHED_VARIABLES if name in env}
+    PLATFORM_FILE.write_text(json.dumps({"pid": os.getpid(), "env": shared}))
+    PLATFORM_FILE.chmod(0o600)  # it holds the secret key
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            if json.loads(PLATFORM_FILE.read_text()).get("pid") == os.getpid():
+                PLATFORM_FILE.unlink()
+
+
 def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True)
 
@@ -590,20 +623,34 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     os.chdir(ROOT)
+    running = running_platform()
+    if args.command in ("up", "demo") and running is not None:
+        log(f"the platform already runs (launcher pid {running['pid']}); stop it first")
+        return 1
+    if args.command == "run" and running is not None:
+        # Attach: the running platform's services, started and stopped by its launcher.
+        log(f"attached to the running platform (launcher pid {running['pid']})")
+        return run_command(parser, {**os.environ, **running["env"]}, args.cmd)
     with services(purpose="test" if args.command == "test" else "platform") as env:
         env.setdefault("GANTRY_SECRET_KEY", kept_secret_key())
-        if args.command == "up":
-            return run_platform(env)
-        if args.command == "demo":
-            return run_platform(env, demo_args=["--duration", args.duration])
+        if args.command in ("up", "demo"):
+            port = env.get("GANTRY_API_PORT", "8000")
+            env.setdefault("GANTRY_PUBLIC_URL", f"http://127.0.0.1:{port}")
+            demo_args = ["--duration", args.duration] if args.command == "demo" else None
+            with announced_platform(env):
+                return run_platform(env, demo_args=demo_args)
         if args.command == "test":
             return run_tests(env, [a for a in args.pytest_args if a != "--"])
-        cmd = [a for a in args.cmd if a != "--"]
-        # The virtualenv's bin first: `run -- python ...` means the project's Python.
-        path = f"{BIN}:{env.get('PATH', os.environ.get('PATH', ''))}"
-        if not cmd or not shutil.which(cmd[0], path=path):
-            parser.error("run needs a command, e.g. run -- python manage.py shell")
-        return subprocess.run(cmd, cwd=ROOT, env={**env, "PATH": path}).returncode
+        return run_command(parser, env, args.cmd)
+
+
+def run_command(parser: argparse.ArgumentParser, env: dict[str, str], argv: list[str]) -> int:
+    cmd = [a for a in argv if a != "--"]
+    # The virtualenv's bin first: `run -- python ...` means the project's Python.
+    path = f"{BIN}:{env.get('PATH', os.environ.get('PATH', ''))}"
+    if not cmd or not shutil.which(cmd[0], path=path):
+        parser.error("run needs a command, e.g. run -- python manage.py shell")
+    return subprocess.run(cmd, cwd=ROOT, env={**env, "PATH": path}).returncode
 
 
 if __name__ == "__main__":

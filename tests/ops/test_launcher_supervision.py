@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
 import pytest
 
-from tests.ops.launched import call, supervised_pids
+from tests.ops.launched import PYTHON, call, supervised_pids
+from tests.worker_harness import ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +87,38 @@ def test_a_killed_gpu_worker_and_beat_come_back_and_every_job_settles_exactly(pl
     reconcile = platform.manage("reconcile_ledger")
     assert reconcile.returncode == 0, reconcile.stdout + reconcile.stderr
     print(f"back after SIGKILL: {', '.join(f'{n} {s:.1f} s' for n, s in back.items())}")
+
+
+def test_stack_run_attaches_to_the_running_platform_and_leaves_it_untouched(platform):
+    before = supervised_pids()
+    env = {k: v for k, v in platform.env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    attached = subprocess.run(
+        [
+            PYTHON,
+            "scripts/stack.py",
+            "run",
+            "--",
+            "python",
+            "-c",
+            "import os; print(os.environ['DATABASE_URL'], os.environ['REDIS_URL'])",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert attached.returncode == 0, attached.stderr
+    assert "attached to the running platform" in attached.stdout + attached.stderr
+    assert attached.stdout.split()[-2:] == [platform.env["DATABASE_URL"], platform.env["REDIS_URL"]]
+    again = subprocess.run(
+        [PYTHON, "scripts/stack.py", "up"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 1 and "already runs" in again.stdout + again.stderr
+    assert supervised_pids() == before  # nothing started, stopped or restarted
+    assert call(f"{platform.api}/readyz")[0] == 200
