@@ -22,6 +22,11 @@ def org_for(principal, org_id) -> Org:
     return get_object_or_404(visible_orgs(principal), pk=org_id)
 
 
+def org_name(org_id) -> str:
+    """The org's name ('' when there is no such org)."""
+    return Org.objects.filter(pk=org_id).values_list("name", flat=True).first() or ""
+
+
 def projects_of(org: Org) -> QuerySet[Project]:
     return Project.objects.filter(org=org).order_by("-created_at", "-id")
 

@@ -10,7 +10,30 @@ PostgreSQL does, and the fencing token makes a redelivered copy exit without a w
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
+from apps.jobs.models import ExitClass
 from apps.jobs.services import recovery, runner
+
+
+class AttemptFailed(Exception):
+    """The attempt ended badly; the message says how and what became of its job.
+
+    Raised after everything is recorded, so that the task's state says how the attempt
+    ended (Flower shows FAILURE, not SUCCESS, for a crash); declared in `throws`, so
+    Celery logs it as an expected outcome without a traceback, and acks the message."""
+
+
+# Exit classes that fail the task; a success, a preemption or a cancel do not.
+FAILED_EXITS = frozenset(
+    (
+        ExitClass.CRASHED,
+        ExitClass.OOM,
+        ExitClass.HUNG,
+        ExitClass.TIMED_OUT,
+        ExitClass.BAD_INPUT,
+        ExitClass.NODE_FAULT,
+        ExitClass.LOST,
+    )
+)
 
 
 @shared_task(
@@ -21,13 +44,23 @@ from apps.jobs.services import recovery, runner
     time_limit=None,
     soft_time_limit=None,
     max_retries=0,
+    throws=(AttemptFailed,),
 )
-def run_attempt(self, attempt_id: str, fencing_token: int) -> str:
-    """Run one attempt to its end; a duplicate or stale delivery changes nothing."""
+def run_attempt(self, attempt_id: str, fencing_token: int, job: str = "", org: str = "") -> str:
+    """Run one attempt to its end; a duplicate or stale delivery changes nothing.
+    `job` and `org` only name the work for whoever watches the queue (Flower)."""
     outcome = runner.run_attempt(attempt_id, int(fencing_token), worker=self.request.hostname or "")
     if not outcome.claimed:
-        return "not claimed"
-    return "fenced" if outcome.fenced else f"{outcome.exit_class} → {outcome.job_status}"
+        return "not claimed"  # a duplicate or stale delivery
+    if outcome.fenced:
+        return "fenced"  # the attempt was taken away
+    summary = (
+        f"attempt ended {outcome.exit_class} (exit {outcome.exit_code}); "
+        f"job {job or '?'} of {org or '?'} is {outcome.job_status}"
+    )
+    if outcome.exit_class in FAILED_EXITS:
+        raise AttemptFailed(summary)
+    return summary
 
 
 @shared_task(name="gantry.jobs.reap_expired_leases", ignore_result=True)

@@ -327,3 +327,39 @@ def test_prometheus_scrapes_every_process_of_the_compose_stack():
     assert {"./ops/grafana/provisioning:/etc/grafana/provisioning:ro"} <= set(
         services["grafana"]["volumes"]
     )
+
+
+@on_live_stack
+def test_flower_shows_a_crashed_attempt_as_failed_naming_its_job_and_org(ops):
+    tenant = make_tenant(tier=Tier.ENTERPRISE)
+    status, job = ops.submit(tenant.key, job_body(tenant, prompt="!crash on purpose", steps=3))
+    assert status == 202
+    ops.until(terminal(job["id"]), timeout=60)
+    attempt_ids = [
+        str(pk) for pk in Attempt.objects.filter(job_id=job["id"]).values_list("pk", flat=True)
+    ]
+
+    def rows(attempt_id: str) -> list[dict]:
+        query = urllib.parse.urlencode(
+            {
+                "draw": 1,
+                "start": 0,
+                "length": 10,
+                "search[value]": attempt_id,
+                "order[0][column]": 0,
+                "order[0][dir]": "desc",
+                "columns[0][data]": "name",
+            }
+        )
+        url = f"http://127.0.0.1:{ops.flower_port}/tasks/datatable?{query}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())["data"]
+
+    first = attempt_ids[0]
+    wait_for(lambda: any(r["state"] == "FAILURE" for r in rows(first)), what="Flower", timeout=15)
+    (run,) = rows(first)
+    assert job["id"] in run["kwargs"] and tenant.org.name in run["kwargs"]
+    assert "crashed" in (run.get("exception") or "") + (run.get("result") or "")
+    flower = ops.scrape_flower()
+    runs = {"task": "gantry.jobs.run_attempt", "worker": ops.gpu_worker.hostname}
+    assert value(flower, "flower_events_total", type="task-failed", **runs) >= len(attempt_ids)

@@ -30,6 +30,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from apps.accounts import selectors as accounts
 from apps.core import locks
 from apps.core.logging import job_log_context
 from apps.fleet.models import Gpu, NodeState, node_queue
@@ -232,7 +233,9 @@ def apply_placement(decision: Place, *, tick: uuid.UUID) -> AppliedDecision:
 def _place(decision: Place, *, tick: uuid.UUID) -> Attempt:
     job = (
         Job.objects.select_for_update()
-        .only("id", "status", "attempt_count", "gpu_count", "gpu_types", "min_gpu_memory_gb")
+        .only(
+            "id", "org_id", "status", "attempt_count", "gpu_count", "gpu_types", "min_gpu_memory_gb"
+        )
         # Read with the row lock, by the database clock: the snapshot left out jobs past
         # their start deadline, but one may have passed it since; it must not start.
         .annotate(past_start_deadline=PAST_START_DEADLINE)
@@ -325,9 +328,14 @@ def _place(decision: Place, *, tick: uuid.UUID) -> Attempt:
         reason=decision.reason,
     )
     attempt_id, node_name = attempt.id, decision.node
+    org_name = accounts.org_name(job.org_id)  # for Flower: the work named, not only ids
     transaction.on_commit(
         lambda: publish_run_attempt(
-            attempt_id=attempt_id, fencing_token=token, node_name=node_name
+            attempt_id=attempt_id,
+            fencing_token=token,
+            node_name=node_name,
+            job_id=job.id,
+            org_name=org_name,
         ),
         robust=True,
     )
@@ -371,8 +379,12 @@ def apply_reservation(decision: Reserve, *, tick: uuid.UUID) -> AppliedDecision:
     )
 
 
-def publish_run_attempt(*, attempt_id, fencing_token: int, node_name: str) -> bool:
+def publish_run_attempt(
+    *, attempt_id, fencing_token: int, node_name: str, job_id=None, org_name: str = ""
+) -> bool:
     """Send the run task to the node's worker pool; False (logged) if the broker refused.
+    `job_id` and `org_name` travel as keyword arguments for whoever watches the queues
+    (Flower shows them); the task needs only the attempt and its token.
 
     A lost message is not a lost job: the attempt stays scheduled until its worker
     claims it, and the recovery task re-sends the message or requeues the job."""
@@ -380,6 +392,7 @@ def publish_run_attempt(*, attempt_id, fencing_token: int, node_name: str) -> bo
         current_app.send_task(
             RUN_ATTEMPT_TASK,
             args=[str(attempt_id), fencing_token],
+            kwargs={"job": str(job_id), "org": org_name} if job_id else {},
             queue=node_queue(node_name),
         )
     except Exception as exc:  # broker errors vary by transport; recovery covers them all

@@ -141,11 +141,17 @@ def republish_unclaimed_attempts() -> RecoveryResult:
             created_at__lte=Now() - timedelta(seconds=settings.GANTRY_REPUBLISH_AFTER_S),
         )
         .order_by("created_at")
-        .values_list("id", "fencing_token", "node__name")[:BATCH]
+        .values_list("id", "fencing_token", "node__name", "job_id", "job__org__name")[:BATCH]
     )
     republished = sum(
-        publish_run_attempt(attempt_id=attempt_id, fencing_token=token, node_name=node_name)
-        for attempt_id, token, node_name in stale
+        publish_run_attempt(
+            attempt_id=attempt_id,
+            fencing_token=token,
+            node_name=node_name,
+            job_id=job_id,
+            org_name=org_name,
+        )
+        for attempt_id, token, node_name, job_id, org_name in stale
     )
     orphans = release_gpus(of_attempts=Attempt.objects.filter(state=AttemptState.FINISHED))
     metrics.RECOVERED.labels("republished").inc(republished)
