@@ -13,6 +13,7 @@ from django.urls import path
 
 from apps.accounts.models import Org
 from apps.audit.selectors import (
+    EVERYTHING,
     KINDS,
     MAX_LIMIT,
     SOURCES,
@@ -90,7 +91,14 @@ class AuditFilterForm(forms.Form):
             attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S"
         ),
     )
-    kind = forms.ChoiceField(choices=[("", "everything"), *((k, k) for k in KINDS)], required=False)
+    kind = forms.ChoiceField(
+        choices=[
+            ("", "decisions (all but metering)"),
+            (EVERYTHING, "everything, metering included"),
+            *((k, k) for k in KINDS),
+        ],
+        required=False,
+    )
     limit = forms.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT)
     cursor = forms.CharField(required=False, widget=forms.HiddenInput)
 

@@ -49,6 +49,10 @@ SUBKINDS: dict[str, tuple[str, ...]] = {
     "ledger": tuple(EntryKind.values),
 }
 KINDS = (*SOURCES, *(f"{source}.{sub}" for source in SOURCES for sub in SUBKINDS[source]))
+EVERYTHING = "all"
+ROUTINE = frozenset({"ledger.capture"})
+"""Left out unless asked for by name or with `all`: metering, one capture per running
+job per fold, is bookkeeping, not a decision, and would bury the decisions."""
 MAX_LIMIT = 200
 MICRO = 1_000_000
 
@@ -56,7 +60,8 @@ MICRO = 1_000_000
 @dataclass(frozen=True)
 class AuditFilters:
     """What to show. `kinds` holds sources ("ledger") or kinds ("dispatch.preempt");
-    empty: everything. `since` is inclusive, `until` exclusive."""
+    empty: every decision (all but ROUTINE); `{"all"}`: everything, metering included.
+    `since` is inclusive, `until` exclusive."""
 
     org_id: uuid.UUID | None = None
     job_id: uuid.UUID | None = None
@@ -66,8 +71,12 @@ class AuditFilters:
 
     def subkinds(self, source: str) -> frozenset[str] | None:
         """The subkinds of `source` wanted: None for all, empty for none."""
-        if not self.kinds or source in self.kinds:
+        if EVERYTHING in self.kinds or source in self.kinds:
             return None
+        if not self.kinds:
+            prefix = f"{source}."
+            routine = {k[len(prefix) :] for k in ROUTINE if k.startswith(prefix)}
+            return frozenset(SUBKINDS[source]) - routine if routine else None
         prefix = f"{source}."
         return frozenset(k[len(prefix) :] for k in self.kinds if k.startswith(prefix))
 
@@ -78,11 +87,12 @@ def parse_kinds(value: str | Iterable[str] | None) -> frozenset[str]:
         return frozenset()
     items = value.split(",") if isinstance(value, str) else list(value)
     kinds = frozenset(item.strip() for item in items if item.strip())
-    unknown = sorted(kinds - set(KINDS))
+    unknown = sorted(kinds - {*KINDS, EVERYTHING})
     if unknown:
         raise GantryError(
-            f"Unknown kind {unknown[0]!r}: use a source ({', '.join(SOURCES)}) or a kind "
-            "such as dispatch.preempt, job.failed, ledger.settle, operator.node.drain.",
+            f"Unknown kind {unknown[0]!r}: use a source ({', '.join(SOURCES)}), a kind "
+            "such as dispatch.preempt, job.failed, ledger.settle, operator.node.drain, or "
+            "all (metering captures included).",
             code="invalid",
             field="kind",
         )

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.accounts.models import OperatorAction
-from apps.audit.selectors import RANK
+from apps.audit.selectors import RANK, SUBKINDS, AuditFilters, parse_kinds
 from apps.jobs.models import JobEvent
 from apps.ledger.models import Entry
 from apps.scheduler.models import DispatchDecision
@@ -200,3 +200,12 @@ def test_a_page_reads_a_bounded_number_of_rows_per_source(operator):
     ]
     assert len(reads) == 4 and all(sql.rstrip().endswith("LIMIT 6") for sql in reads)
     assert Entry.objects.count() > 60  # far more history than the page read
+
+
+def test_the_default_trail_leaves_metering_out_and_all_brings_it_back():
+    default = AuditFilters()
+    assert default.subkinds("ledger") == frozenset(SUBKINDS["ledger"]) - {"capture"}
+    assert default.subkinds("dispatch") is None and default.subkinds("job") is None
+    everything = AuditFilters(kinds=parse_kinds("all"))
+    assert everything.subkinds("ledger") is None
+    assert AuditFilters(kinds=parse_kinds("ledger.capture")).subkinds("ledger") == {"capture"}
