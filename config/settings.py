@@ -99,6 +99,9 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+# The admin shows times to the second (config/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["config.formats"]
+
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / ".data" / "static"
 # Serve from the apps' static folders when nothing was collected (make up, tests); a

@@ -34,6 +34,7 @@ from django.utils.dateparse import parse_datetime
 from apps.accounts.models import OperatorAction
 from apps.accounts.operator_actions import ACTIONS
 from apps.core.errors import GantryError
+from apps.core.money import credits
 from apps.jobs.models import JobEvent, JobStatus
 from apps.ledger.models import Entry, EntryKind
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision
@@ -54,7 +55,6 @@ ROUTINE = frozenset({"ledger.capture"})
 """Left out unless asked for by name or with `all`: metering, one capture per running
 job per fold, is bookkeeping, not a decision, and would bury the decisions."""
 MAX_LIMIT = 200
-MICRO = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -425,13 +425,6 @@ def _ledger_entries(filters: AuditFilters, wanted: frozenset[str] | None):
         )
 
     return query, item
-
-
-def credits(micro: int) -> str:
-    """Micro-credits as a credit amount without trailing zeros: 2500000 → '2.5'."""
-    whole, frac = divmod(abs(micro), MICRO)
-    text = f"{whole}.{frac:06d}".rstrip("0").rstrip(".")
-    return f"-{text}" if micro < 0 else text
 
 
 _READERS: dict[str, Reader] = {

@@ -2,15 +2,24 @@
 cancel / requeue / clear-quarantine actions (which call the same services as the API).
 Every action is recorded as an operator action (the audit trail)."""
 
+from datetime import timedelta
+
 from django.contrib import admin, messages
+from django.db.models import BigIntegerField, Count, F, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
+from apps.accounts.models import Org
 from apps.accounts.operator_actions import operator_of
 from apps.core.admin import ReadOnlyInline
 from apps.core.errors import GantryError
+from apps.core.money import credits
 from apps.jobs import operations
-from apps.jobs.models import Attempt, Job, JobEvent, QuarantinedFingerprint
+from apps.jobs.models import Attempt, Job, JobEvent, JobStatus, QuarantinedFingerprint
+from apps.ledger.admin import LedgerOrgAdmin
+from apps.ledger.models import Bucket
 
 
 class JobEventInline(ReadOnlyInline):
@@ -139,3 +148,92 @@ class QuarantinedFingerprintAdmin(admin.ModelAdmin):
     def _clear(self, request, rows) -> int:
         actor = operator_of(request)
         return sum(operations.clear_quarantine(row, actor=actor) for row in list(rows))
+
+
+class OrgOverviewAdmin(LedgerOrgAdmin):
+    """The org list answers "who is spending what": what each org can spend now, what
+    it spent over 24 hours and 30 days, its GPU-hours over 30 days, and its running and
+    queued jobs; every column sortable (database annotations, one query per page)."""
+
+    list_display = (
+        "name",
+        "tier",
+        "weight",
+        "available_credits",
+        "spent_24h",
+        "spent_30d",
+        "gpu_hours_30d",
+        "running_jobs",
+        "queued_jobs",
+        "created_at",
+    )
+
+    def get_queryset(self, request):
+        now = timezone.now()
+        live = Bucket.objects.filter(org=OuterRef("pk"), expired_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+        )
+        # Attempts still running, or that ended within the window, count in full.
+        attempts = Attempt.objects.filter(job__org=OuterRef("pk"))
+
+        def attempts_since(delta, field):
+            recent = attempts.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=now - delta))
+            return _sum_per_org(recent, "job__org", field)
+
+        def jobs(status):
+            counted = Job.objects.filter(org=OuterRef("pk"), status=status).values("org")
+            return Coalesce(Subquery(counted.annotate(n=Count("pk")).values("n")), 0)
+
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                available=_sum_per_org(live, "org", F("granted") - F("consumed") - F("held")),
+                spent_day=attempts_since(timedelta(hours=24), F("charged")),
+                spent_month=attempts_since(timedelta(days=30), F("charged")),
+                gpu_ms_month=attempts_since(timedelta(days=30), F("gpu_ms")),
+                running=jobs(JobStatus.RUNNING),
+                queued=jobs(JobStatus.QUEUED),
+            )
+        )
+
+    @admin.display(description="available (credits)", ordering="available")
+    def available_credits(self, obj):
+        return credits(obj.available)
+
+    @admin.display(description="spent 24 h (credits)", ordering="spent_day")
+    def spent_24h(self, obj):
+        return credits(obj.spent_day)
+
+    @admin.display(description="spent 30 d (credits)", ordering="spent_month")
+    def spent_30d(self, obj):
+        return credits(obj.spent_month)
+
+    @admin.display(description="GPU-hours 30 d", ordering="gpu_ms_month")
+    def gpu_hours_30d(self, obj):
+        return f"{obj.gpu_ms_month / 3_600_000:.2f}"
+
+    @admin.display(description="running", ordering="running")
+    def running_jobs(self, obj):
+        return _jobs_link(obj, JobStatus.RUNNING, obj.running)
+
+    @admin.display(description="queued", ordering="queued")
+    def queued_jobs(self, obj):
+        return _jobs_link(obj, JobStatus.QUEUED, obj.queued)
+
+
+def _sum_per_org(queryset, org_path: str, expression):
+    summed = queryset.values(org_path).annotate(total=Sum(expression)).values("total")
+    return Coalesce(Subquery(summed, output_field=BigIntegerField()), 0)
+
+
+def _jobs_link(org, status: str, count: int):
+    url = reverse("admin:jobs_job_changelist")
+    return format_html(
+        '<a href="{}?org__id__exact={}&status__exact={}">{}</a>', url, org.pk, status, count
+    )
+
+
+# The ledger's org page, with the jobs' figures in its list (the layer above adds them).
+admin.site.unregister(Org)
+admin.site.register(Org, OrgOverviewAdmin)

@@ -16,7 +16,7 @@ from django.utils import timezone
 from apps.accounts.models import APIKey, OperatorAction, Org
 from apps.accounts.models import User as TenantUser
 from apps.fleet.models import GpuType, Node, NodeState
-from apps.jobs.models import Job, JobStatus, QuarantinedFingerprint
+from apps.jobs.models import Attempt, Job, JobStatus, QuarantinedFingerprint
 from apps.jobs.services.cancel import cancel_job
 from apps.ledger.models import Bucket, Budget, BudgetMode, HoldState
 from tests.factories import ProjectFactory
@@ -524,3 +524,28 @@ def test_a_users_weight_changed_in_the_admin_is_recorded_and_its_name_stays(admi
     assert (tenant.name, tenant.weight) == ("grace", 3.0)
     [row] = actions("user.update")
     assert (row.before, row.after) == ({"weight": 1.0}, {"weight": 3.0})
+
+
+def test_the_org_list_says_who_is_spending_what_in_credits_and_sorts_by_it(admin_client):
+    world = platform()  # acme-video: a job running for a minute on 2 GPUs, one queued job
+    attempt = Attempt.objects.get(job=world.running)
+    Attempt.objects.filter(pk=attempt.pk).update(gpu_ms=120_000, charged=2_500_000)
+    orgs = reverse("admin:accounts_org_changelist")
+    page = admin_client.get(orgs).content.decode()
+    headers = ("available (credits)", "spent 24 h (credits)", "gpu-hours 30 d", "running", "queued")
+    for header in headers:
+        assert header in page.lower(), header
+    row = page[page.index(world.paid.name) :].split("</tr>", 1)[0]
+    assert ">2.5<" in row  # spent 24 h and 30 d, in credits, not micro-credits
+    assert ">0.03<" in row  # 120 GPU-seconds
+    assert f"org__id__exact={world.paid.pk}&status__exact=running" in row.replace("&amp;", "&")
+    for column in range(1, 10):  # every column sorts, both ways
+        for order in (str(column), f"-{column}"):
+            assert admin_client.get(orgs, {"o": order}).status_code == 200
+
+
+def test_admin_times_are_shown_to_the_second(admin_client):
+    world = platform()
+    page = admin_client.get(reverse("admin:jobs_job_changelist")).content.decode()
+    created = timezone.localtime(world.running.created_at).strftime("%Y-%m-%d %H:%M:%S")
+    assert created in page
