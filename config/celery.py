@@ -73,6 +73,17 @@ def serve_worker_metrics(**kwargs):
     metrics.start_metrics_server_from_env()
 
 
+@worker_ready.connect
+def pulse_for_served_nodes(sender=None, **kwargs):
+    """A GPU-pool worker says, for each node whose queue it consumes, that it is alive
+    (and what its GPUs report): the admin's fleet page shows it (apps/fleet/liveness.py)."""
+    from apps.fleet.liveness import start_pulsing
+
+    queues = [queue.name for queue in getattr(sender, "task_consumer", None).queues or []]
+    nodes = [name.removeprefix("node.") for name in queues if name.startswith("node.")]
+    start_pulsing(nodes, worker=getattr(sender, "hostname", "") or "")
+
+
 @worker_process_shutdown.connect
 def forget_pool_child(pid=None, **kwargs):
     """A prefork child exits: its live gauges must not be reported any more."""

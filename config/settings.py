@@ -250,6 +250,8 @@ GANTRY_SCRATCH_ROOT = Path(
 # so a retry or resume on another node finds them.
 GANTRY_CHECKPOINT_ROOT = MEDIA_ROOT / "checkpoints"
 GANTRY_HEARTBEAT_S = env.float("GANTRY_HEARTBEAT_S", default=2.0)
+# How often a GPU-pool worker says it is alive for its nodes (apps/fleet/liveness.py).
+GANTRY_WORKER_PULSE_S = env.float("GANTRY_WORKER_PULSE_S", default=10.0)
 # A running attempt whose lease (database clock) runs out is lost: its worker is dead.
 GANTRY_LEASE_S = env.float("GANTRY_LEASE_S", default=30.0)
 # No output line for this long: the generator is hung and gets killed.

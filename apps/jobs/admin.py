@@ -60,8 +60,12 @@ class JobAdmin(admin.ModelAdmin):
         "project",
         "gpu_count",
         "gpu_type",
+        "node",
         "progress",
         "attempt_count",
+        "cost_credits",
+        "exit_class",
+        "error",
         "created_at",
         "finished_at",
     )
@@ -79,6 +83,36 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False  # a job's history is kept; cancel it instead
+
+    def get_queryset(self, request):
+        latest = Attempt.objects.filter(job=OuterRef("pk")).order_by("-number")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                latest_node=Subquery(latest.values("node__name")[:1]),
+                latest_exit=Subquery(latest.values("exit_class")[:1]),
+                charged=Coalesce(Subquery(_charged_of_job()), 0),
+            )
+        )
+
+    @admin.display(description="node", ordering="latest_node")
+    def node(self, obj):
+        return obj.latest_node or "-"
+
+    @admin.display(description="cost (credits)", ordering="charged")
+    def cost_credits(self, obj):
+        return credits(obj.charged)
+
+    @admin.display(description="last exit", ordering="latest_exit")
+    def exit_class(self, obj):
+        return obj.latest_exit or "-"
+
+    @admin.display(description="error", ordering="error_code")
+    def error(self, obj):
+        if not obj.error_code:
+            return "-"
+        return format_html('<span title="{}">{}</span>', obj.error_message, obj.error_code)
 
     @admin.display(description="audit trail")
     def audit(self, obj):
@@ -220,6 +254,12 @@ class OrgOverviewAdmin(LedgerOrgAdmin):
     @admin.display(description="queued", ordering="queued")
     def queued_jobs(self, obj):
         return _jobs_link(obj, JobStatus.QUEUED, obj.queued)
+
+
+def _charged_of_job():
+    """What the job's attempts were charged so far (micro-credits), as a subquery."""
+    attempts = Attempt.objects.filter(job=OuterRef("pk")).values("job")
+    return attempts.annotate(total=Sum("charged")).values("total")
 
 
 def _sum_per_org(queryset, org_path: str, expression):

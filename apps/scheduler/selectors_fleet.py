@@ -1,7 +1,9 @@
 """The admin's fleet page: every node and GPU, and what runs where right now.
 
 What runs on a GPU is its live GpuAssignment (released_at IS NULL): the attempt holding
-it, that attempt's job and the job's org. Four queries whatever the fleet's size.
+it, that attempt's job and the job's org. Four queries whatever the fleet's size, plus
+one per tier for its longest-waiting jobs' reasons (from Redis, as the dispatcher
+published them) and one Redis read for the workers' pulses.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db.models import Count, Min
+from django.utils import timezone
 
+from apps.fleet import liveness
+from apps.fleet.liveness import Pulse
 from apps.fleet.models import Gpu, Node, NodeState
+from apps.jobs import queue_state
 from apps.jobs.models import GpuAssignment, Job, JobStatus
 
 
@@ -47,6 +53,11 @@ class NodeRow:
     state: str
     queue: str
     gpus: list[GpuRow] = field(default_factory=list)
+    pulse: Pulse | None = None  # its worker's latest pulse; None: no worker seen
+
+    @property
+    def pulse_age_s(self) -> int | None:
+        return None if self.pulse is None else int(self.pulse.age_s())
 
     @property
     def busy_count(self) -> int:
@@ -62,6 +73,14 @@ class QueueRow:
     tier: str
     queued: int
     oldest_queued_at: datetime | None
+    # Why its longest-waiting jobs wait (the dispatcher's reasons), most common first.
+    reasons: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def oldest_wait_s(self) -> int | None:
+        if self.oldest_queued_at is None:
+            return None
+        return max(0, int((timezone.now() - self.oldest_queued_at).total_seconds()))
 
 
 @dataclass
@@ -126,10 +145,30 @@ def fleet_overview(*, state: str | None = None) -> FleetOverview:
         )
         row.org_id, row.org_name = str(org), name
     queue = [
-        QueueRow(tier=tier, queued=count, oldest_queued_at=oldest)
+        QueueRow(tier=tier, queued=count, oldest_queued_at=oldest, reasons=_reasons(tier))
         for tier, count, oldest in Job.objects.filter(status=JobStatus.QUEUED)
         .values_list("tier")
         .annotate(count=Count("id"), oldest=Min("queued_at"))
         .order_by("tier")
     ]
+    for name, pulse in liveness.pulses([node.name for node in nodes.values()]).items():
+        next(node for node in nodes.values() if node.name == name).pulse = pulse
     return FleetOverview(nodes=list(nodes.values()), queue=queue)
+
+
+REASON_SAMPLE = 200  # the longest-waiting jobs of a tier whose reasons are counted
+
+
+def _reasons(tier: str) -> list[tuple[str, int]]:
+    """The dispatcher's reasons (the operators' full wording) for the tier's
+    longest-waiting queued jobs, with how many share each, most common first."""
+    oldest = (
+        Job.objects.filter(status=JobStatus.QUEUED, tier=tier)
+        .order_by("queued_at")
+        .values_list("id", flat=True)[:REASON_SAMPLE]
+    )
+    counts: dict[str, int] = {}
+    for state in queue_state.read(oldest).values():
+        reason = state.detail or state.reason
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:3]

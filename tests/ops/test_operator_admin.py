@@ -1,6 +1,7 @@
 """The operators' admin through Django's test client: every page opens with data present,
 and every action goes through its service and leaves a row in the audit trail."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -15,8 +16,11 @@ from django.utils import timezone
 
 from apps.accounts.models import APIKey, OperatorAction, Org
 from apps.accounts.models import User as TenantUser
+from apps.fleet import liveness
 from apps.fleet.models import GpuType, Node, NodeState
+from apps.jobs import queue_state
 from apps.jobs.models import Attempt, Job, JobStatus, QuarantinedFingerprint
+from apps.jobs.queue_state import QueueState
 from apps.jobs.services.cancel import cancel_job
 from apps.ledger.models import Bucket, Budget, BudgetMode, HoldState
 from tests.factories import ProjectFactory
@@ -549,3 +553,40 @@ def test_admin_times_are_shown_to_the_second(admin_client):
     page = admin_client.get(reverse("admin:jobs_job_changelist")).content.decode()
     created = timezone.localtime(world.running.created_at).strftime("%Y-%m-%d %H:%M:%S")
     assert created in page
+
+
+def test_the_job_list_shows_node_cost_exit_class_and_error(admin_client):
+    world = platform()
+    Attempt.objects.filter(job=world.running).update(charged=1_250_000)
+    failed = JobFactory(org=world.paid, status=JobStatus.FAILED, error_code="crashed")
+    jobs = reverse("admin:jobs_job_changelist")
+    page = admin_client.get(jobs).content.decode()
+    row = page[page.index(str(world.running.pk)) :].split("</tr>", 1)[0]
+    assert world.busy_node.name in row and ">1.25<" in row
+    failed_row = page[page.index(str(failed.pk)) :].split("</tr>", 1)[0]
+    assert "crashed" in failed_row
+    for column in range(1, 16):
+        assert admin_client.get(jobs, {"o": str(column)}).status_code == 200
+
+
+def test_the_fleet_page_shows_worker_liveness_queue_waits_in_seconds_and_reasons(admin_client):
+    world = platform()
+    liveness.publish_pulse([world.busy_node.name], worker="pool@busy-host")
+    queue_state.publish(
+        [
+            (
+                str(world.waiting.pk),
+                QueueState(
+                    position=1,
+                    reason="public",
+                    estimated_start_at=None,
+                    detail="waiting for 2 H100: 0 of 2 free",
+                ),
+            )
+        ]
+    )
+    page = admin_client.get(reverse("admin:fleet")).content.decode()
+    assert "worker pool@busy-host" in page and "no worker seen" in page  # the idle node
+    assert "no telemetry" in page
+    assert re.search(r"oldest waits \d+ s", page)
+    assert "waiting for 2 H100: 0 of 2 free" in page
