@@ -355,8 +355,9 @@ def main(argv=None) -> int:
     parser.add_argument("--server-threads", type=int, default=4)
     parser.add_argument(
         "--worker-class",
-        default="uvicorn_worker.UvicornWorker",
-        help="uvicorn_worker.UvicornWorker (config.asgi, as `make up` serves) or gthread "
+        default="config.uvicorn_worker.GantryUvicornWorker",
+        help="config.uvicorn_worker.GantryUvicornWorker (config.asgi, as `make up` serves) or "
+        "gthread "
         "(config.wsgi, the earlier server, for comparison)",
     )
     parser.add_argument(

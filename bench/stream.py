@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     args = parser.parse_args(argv)
-    args.url, args.keep, args.worker_class = None, False, "uvicorn_worker.UvicornWorker"
+    args.url, args.keep, args.worker_class = (
+        None,
+        False,
+        "config.uvicorn_worker.GantryUvicornWorker",
+    )
     args.orgs = args.processes * args.threads + 1
     server, info = api_bench.start_scratch_server(args)
     keys, project = info["keys"], info["project"]

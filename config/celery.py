@@ -79,7 +79,8 @@ def pulse_for_served_nodes(sender=None, **kwargs):
     (and what its GPUs report): the admin's fleet page shows it (apps/fleet/liveness.py)."""
     from apps.fleet.liveness import start_pulsing
 
-    queues = [queue.name for queue in getattr(sender, "task_consumer", None).queues or []]
+    consumer = getattr(sender, "task_consumer", None)
+    queues = [queue.name for queue in getattr(consumer, "queues", None) or []]
     nodes = [name.removeprefix("node.") for name in queues if name.startswith("node.")]
     start_pulsing(nodes, worker=getattr(sender, "hostname", "") or "")
 

@@ -34,7 +34,7 @@ def child_exit(server, worker):
 # the WSGI app in a pool of GANTRY_API_THREADS threads (4), as gthread workers did (the
 # same CPU per submission, bench/api.py; docs/decisions.md). Sync workers (a connection
 # each) cost about 40 % more CPU and served half the /healthz rate.
-worker_class = "uvicorn_worker.UvicornWorker"
+worker_class = "config.uvicorn_worker.GantryUvicornWorker"
 # A URL over 8 KiB is answered by apps.core.middleware.RequestGuardMiddleware with a JSON
 # 414; a proxy in front of the API (nginx: large_client_header_buffers) bounds what arrives.
 limit_request_line = 0
@@ -43,17 +43,23 @@ limit_request_line = 0
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "apps.core.logging.JsonFormatter"}},
+    "formatters": {
+        "json": {"()": "apps.core.logging.JsonFormatter"},
+        "text": {"()": "apps.core.logging.TextFormatter"},
+    },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "json"},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": os.environ.get("GANTRY_LOG_FORMAT", "json"),
+        },
     },
     "root": {"level": "INFO", "handlers": ["console"]},
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["console"], "propagate": False},
         "gunicorn.access": {"level": "INFO", "handlers": ["console"], "propagate": False},
         "uvicorn.error": {"level": "INFO", "handlers": ["console"], "propagate": False},
-        # Access lines come from apps.core.access_log (gantry.access), with the request id.
-        "uvicorn.access": {"level": "WARNING", "handlers": ["console"], "propagate": False},
+        # Access lines come from apps.core.access_log (gantry.access), with the request id;
+        # config/uvicorn_worker.py turns uvicorn's own off.
         "gantry.access": {"level": "INFO", "handlers": ["console"], "propagate": False},
     },
 }

@@ -153,17 +153,28 @@ CELERY_TASK_SEND_SENT_EVENT = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "apps.core.logging.JsonFormatter"}},
+    "formatters": {
+        "json": {"()": "apps.core.logging.JsonFormatter"},
+        "text": {"()": "apps.core.logging.TextFormatter"},
+    },
     "filters": {"request_id": {"()": "apps.core.logging.RequestIdFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "json",
+            # json (default): a JSON object a line; text: a readable line (make up's terminal)
+            "formatter": env.str("GANTRY_LOG_FORMAT", default="json"),
             "filters": ["request_id"],
         }
     },
     "root": {"handlers": ["console"], "level": env.str("GANTRY_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Celery's line per task received and per task done. The launcher quiets it on the
+        # control worker (GANTRY_TASK_LOG_LEVEL=WARNING), whose housekeeping runs every few
+        # seconds and would bury the work; the services log what each task decided.
+        "celery.app.trace": {"level": env.str("GANTRY_TASK_LOG_LEVEL", default="INFO")},
+        "celery.worker.strategy": {"level": env.str("GANTRY_TASK_LOG_LEVEL", default="INFO")},
+    },
 }
 
 # --- Tenancy and admission -------------------------------------------------------------

@@ -317,7 +317,11 @@ def platform_processes(
         ),
         "worker-control": Process(
             control_worker(),
-            metrics_env("worker-control", port=metrics_port_base),
+            # Housekeeping every few seconds: no line per task (the services log decisions).
+            {
+                **metrics_env("worker-control", port=metrics_port_base),
+                "GANTRY_TASK_LOG_LEVEL": "WARNING",
+            },
             metrics_port_base,
         ),
         "flower": Process(
@@ -445,10 +449,16 @@ def supervisor_config(
         "[supervisorctl]",
         f"serverurl=unix://{sock}",
     ]
+    # On a terminal, one readable line per event naming its process; JSON lines otherwise
+    # (a log collector, a file), unless GANTRY_LOG_FORMAT says which.
+    log_format = env.get("GANTRY_LOG_FORMAT") or (
+        "text" if log_dir is None and sys.stdout.isatty() else "json"
+    )
     for name, process in table.items():
         output = str(log_dir / f"{name}.log") if log_dir is not None else "/dev/stdout"
+        program_env = {**process.env, "GANTRY_PROCESS_NAME": name, "GANTRY_LOG_FORMAT": log_format}
         extra = ",".join(
-            f'{key}="{_supervisor_value(value)}"' for key, value in process.env.items()
+            f'{key}="{_supervisor_value(value)}"' for key, value in program_env.items()
         )
         lines += [
             "",

@@ -151,3 +151,24 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
         return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """One readable line per event, for a terminal (`make up`): time, the process's name
+    (GANTRY_PROCESS_NAME, set per program by the launcher), level, logger, message and
+    the context fields; JsonFormatter is the machine-readable default."""
+
+    def format(self, record):
+        when = time.strftime("%H:%M:%S", time.localtime(record.created))
+        process = os.environ.get("GANTRY_PROCESS_NAME") or str(record.process or os.getpid())
+        context = " ".join(
+            f"{field}={getattr(record, field)}"
+            for field in CONTEXT_FIELDS
+            if getattr(record, field, None) is not None
+        )
+        line = f"{when} {process:<16} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        if context:
+            line = f"{line}  [{context}]"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line

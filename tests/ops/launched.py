@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,10 +126,12 @@ def platform(tmp_path_factory):
             time.sleep(0.5)
         yield Platform(api=api, operator_key=key, env=env, log_path=tmp_path / "up.log")
     finally:
-        os.killpg(launcher.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # it may have exited already
+            os.killpg(launcher.pid, signal.SIGINT)
         try:
             launcher.wait(timeout=40)
         except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(launcher.pid, signal.SIGKILL)
         with psycopg.connect(_admin_url(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')

@@ -115,6 +115,9 @@ def test_the_admin_and_the_api_docs_are_styled_and_stay_on_this_machine(platform
     for name, path in pages.items():
         chromium.get(f"{platform.api}{path}")
         wait.until(ready.presence_of_element_located((By.ID, "content")))
+        if name == "admin-fleet":  # every node's worker pool says it is alive
+            assert "worker h100-1@" in chromium.page_source, "no pulse from h100-1's worker"
+            assert "no worker seen" not in chromium.page_source
         shoot(chromium, name)
         seen += requests_made(chromium)
     if "acme-ui" not in chromium.page_source:
