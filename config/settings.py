@@ -174,6 +174,8 @@ LOGGING = {
         # seconds and would bury the work; the services log what each task decided.
         "celery.app.trace": {"level": env.str("GANTRY_TASK_LOG_LEVEL", default="INFO")},
         "celery.worker.strategy": {"level": env.str("GANTRY_TASK_LOG_LEVEL", default="INFO")},
+        # Beat's "Sending due task" every second; the launcher sets WARNING for it too.
+        "celery.beat": {"level": env.str("GANTRY_TASK_LOG_LEVEL", default="INFO")},
     },
 }
 

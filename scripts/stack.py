@@ -34,7 +34,9 @@ DATABASE_NAME = "gantry"
 
 
 def log(message: str) -> None:
-    print(f"[gantry] {message}", flush=True)
+    # The terminal may be gone (closed window, SIGHUP): stopping must still go on.
+    with contextlib.suppress(OSError):
+        print(f"[gantry] {message}", flush=True)
 
 
 def free_port() -> int:
@@ -196,7 +198,7 @@ def stop_all(processes: dict[str, subprocess.Popen]) -> None:
             log(f"stopping {name}")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30  # supervisord gives each program 10 s, then kills it
     for proc in processes.values():
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -313,7 +315,8 @@ def platform_processes(
                 "INFO",
                 "--schedule",
                 str(DATA / "celerybeat-schedule"),
-            ]
+            ],
+            {"GANTRY_TASK_LOG_LEVEL": "WARNING"},  # no line per due task, every second
         ),
         "worker-control": Process(
             control_worker(),
@@ -419,6 +422,29 @@ RESTART_START_S = 3
 RESTART_RETRIES = 10
 
 
+class SupervisorLog:
+    """The process events of supervisord's log (exits, restarts, give-ups), read as they
+    are appended, for the launcher's terminal."""
+
+    EVENTS = ("exited:", "spawned:", "gave up:", "success:")
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def new_events(self) -> list[str]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        lines = complete.decode("utf-8", "replace").splitlines()
+        return [line for line in lines if any(event in line for event in self.EVENTS)]
+
+
 def _supervisor_value(text: str) -> str:
     """Supervisor expands %(name)s in its values: a literal % is written %%."""
     return text.replace("%", "%%")
@@ -434,6 +460,9 @@ def supervisor_config(
     lines = [
         "[supervisord]",
         "nodaemon=true",
+        # Its own lines go to its log file only (the launcher echoes restarts): a closed
+        # terminal must not break supervisord while it stops the programs.
+        "silent=true",
         f"logfile={SUPERVISOR_DIR / 'supervisord.log'}",
         f"pidfile={SUPERVISOR_DIR / 'supervisord.pid'}",
         f"childlogdir={SUPERVISOR_DIR}",
@@ -494,7 +523,17 @@ def supervise(table: dict[str, Process], env: dict[str, str], *, log_dir: Path |
         cwd=ROOT,
         env=env,
         start_new_session=True,  # our signal handler decides when it stops
+        preexec_fn=_stop_with_launcher,
     )
+
+
+def _stop_with_launcher() -> None:
+    """In supervisord: SIGTERM (a clean stop of every program) if the launcher dies,
+    even by SIGKILL, so no platform outlives it (Linux prctl; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> int:
@@ -530,6 +569,7 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)  # the terminal closed: stop, leave no orphan
     try:
         table = platform_processes(
             env, api_port=api_port, flower_port=flower_port, metrics_port_base=metrics_port_base
@@ -587,6 +627,7 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
                 cwd=ROOT,
                 env=env,
             )
+        supervisor_log = SupervisorLog(SUPERVISOR_DIR / "supervisord.log")
         while not stopping:
             if demo is not None and demo.poll() is not None:
                 log(f"demo finished with {demo.returncode}; stopping the stack")
@@ -596,6 +637,8 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
                 if proc.poll() is not None:
                     log(f"{name} exited with {proc.returncode}; stopping the stack")
                     stopping = True
+            for line in supervisor_log.new_events():
+                log(line)
             time.sleep(0.5)
     finally:
         if demo is not None and demo.poll() is None:
