@@ -117,7 +117,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.IsAuthenticatedKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["apps.core.parsers.StrictJSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # drf-spectacular's, plus the error answers of each operation (apps/core/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "apps.core.schema.GantryAutoSchema",
     "EXCEPTION_HANDLER": "apps.core.exception_handler.problem_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
@@ -128,6 +129,15 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/v1",
+    # Request bodies get their own components, without the read-only fields.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Entries' account and counter_account share one enum.
+    "ENUM_NAME_OVERRIDES": {"LedgerAccountEnum": "apps.ledger.models.Account"},
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        # The job streams and logs are plain async Django views, unseen by drf-spectacular.
+        "apps.core.schema.add_plain_views",
+    ],
     # Swagger UI and ReDoc from drf-spectacular-sidecar: no CDN, works offline.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -6,7 +6,6 @@ Every change goes through apps.accounts.operations, which records it in the audi
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from apps.accounts import operations, selectors
@@ -16,6 +15,7 @@ from apps.accounts.permissions import IsOperator, IsOperatorForWrites
 from apps.accounts.serializers import (
     APIKeyCreateSerializer,
     APIKeySerializer,
+    IssuedAPIKeySerializer,
     OrgSerializer,
     OrgUpdateSerializer,
     ProjectSerializer,
@@ -24,6 +24,8 @@ from apps.accounts.serializers import (
 from apps.core.errors import GantryError
 from apps.core.idempotency import idempotent
 from apps.core.pagination import OpaqueCursorPagination
+from apps.core.schema import also_answers, idempotency_parameter
+from apps.core.views import GenericAPIView
 
 
 class OrgListView(GenericAPIView):
@@ -31,10 +33,24 @@ class OrgListView(GenericAPIView):
     permission_classes = [IsOperatorForWrites]
     pagination_class = OpaqueCursorPagination
 
+    @extend_schema(
+        operation_id="orgs_list",
+        summary="List orgs",
+        description="Operators: every org; an org key: its own.",
+        responses={200: OrgSerializer(many=True)},
+    )
     def get(self, request):
         page = self.paginate_queryset(selectors.visible_orgs(request.user).order_by("-created_at"))
         return self.get_paginated_response(OrgSerializer(page, many=True).data)
 
+    @also_answers(409)
+    @extend_schema(
+        operation_id="orgs_create",
+        summary="Create an org (operator)",
+        description="409 when an org has that name already.",
+        parameters=[idempotency_parameter()],
+        responses={201: OrgSerializer},
+    )
     @idempotent()
     def post(self, request):
         serializer = OrgSerializer(data=request.data)
@@ -47,10 +63,18 @@ class OrgDetailView(GenericAPIView):
     serializer_class = OrgSerializer
     permission_classes = [IsOperatorForWrites]
 
+    @extend_schema(operation_id="orgs_retrieve", summary="Read an org")
     def get(self, request, org):
         return Response(OrgSerializer(selectors.org_for(request.user, org)).data)
 
-    @extend_schema(request=OrgUpdateSerializer)
+    @also_answers(409)
+    @extend_schema(
+        operation_id="orgs_update",
+        summary="Change an org's settings (operator)",
+        description="Tier, weight, rate and queue limits, dedup; 409 when renamed to a taken name.",
+        request=OrgUpdateSerializer,
+        responses={200: OrgSerializer},
+    )
     def patch(self, request, org):
         instance = selectors.org_for(request.user, org)
         serializer = OrgUpdateSerializer(data=request.data, partial=True)
@@ -64,10 +88,23 @@ class ProjectListView(GenericAPIView):
     permission_classes = [IsOperatorForWrites]
     pagination_class = OpaqueCursorPagination
 
+    @extend_schema(
+        operation_id="orgs_projects_list",
+        summary="List an org's projects",
+        responses={200: ProjectSerializer(many=True)},
+    )
     def get(self, request, org):
         page = self.paginate_queryset(selectors.projects_of(selectors.org_for(request.user, org)))
         return self.get_paginated_response(ProjectSerializer(page, many=True).data)
 
+    @also_answers(409)
+    @extend_schema(
+        operation_id="orgs_projects_create",
+        summary="Create a project (operator)",
+        description="409 when the org has a project of that name already.",
+        parameters=[idempotency_parameter()],
+        responses={201: ProjectSerializer},
+    )
     @idempotent()
     def post(self, request, org):
         owner = selectors.org_for(request.user, org)
@@ -84,10 +121,23 @@ class UserListView(GenericAPIView):
     permission_classes = [IsOperatorForWrites]
     pagination_class = OpaqueCursorPagination
 
+    @extend_schema(
+        operation_id="orgs_users_list",
+        summary="List an org's users",
+        responses={200: UserSerializer(many=True)},
+    )
     def get(self, request, org):
         page = self.paginate_queryset(selectors.users_of(selectors.org_for(request.user, org)))
         return self.get_paginated_response(UserSerializer(page, many=True).data)
 
+    @also_answers(409)
+    @extend_schema(
+        operation_id="orgs_users_create",
+        summary="Create a user (operator)",
+        description="409 when the org has a user of that name already.",
+        parameters=[idempotency_parameter()],
+        responses={201: UserSerializer},
+    )
     @idempotent()
     def post(self, request, org):
         owner = selectors.org_for(request.user, org)
@@ -104,11 +154,28 @@ class APIKeyListView(GenericAPIView):
     permission_classes = [IsOperatorForWrites]
     pagination_class = OpaqueCursorPagination
 
+    @extend_schema(
+        operation_id="api_keys_list",
+        summary="List API keys",
+        description="Operators: every key; an org key: its org's (a project key: its "
+        "project's). The raw key is never shown again.",
+        responses={200: APIKeySerializer(many=True)},
+    )
     def get(self, request):
         page = self.paginate_queryset(selectors.visible_api_keys(request.user))
         return self.get_paginated_response(APIKeySerializer(page, many=True).data)
 
-    @extend_schema(request=APIKeyCreateSerializer, responses={201: APIKeySerializer})
+    @extend_schema(
+        operation_id="api_keys_create",
+        summary="Issue an API key (operator)",
+        description="`key` is shown in this answer only (a replay answers without it). "
+        "An org key names `org` (and optionally a `project` and `user` of it); an operator "
+        "key sets `operator` and names no org. A referenced id that does not exist is a 400 "
+        "naming it.",
+        request=APIKeyCreateSerializer,
+        parameters=[idempotency_parameter()],
+        responses={201: IssuedAPIKeySerializer},
+    )
     @idempotent(secret_fields=("key",))  # the raw key is shown once, never stored
     def post(self, request):
         serializer = APIKeyCreateSerializer(data=request.data)
@@ -138,6 +205,13 @@ class APIKeyDetailView(GenericAPIView):
     serializer_class = APIKeySerializer
     permission_classes = [IsOperator]
 
+    @extend_schema(
+        operation_id="api_keys_revoke",
+        summary="Revoke an API key (operator)",
+        description="Answers the revoked key. Revocation reaches every API process within "
+        "GANTRY_API_KEY_CACHE_S.",
+        responses={200: APIKeySerializer},
+    )
     def delete(self, request, key_id):
         api_key = get_object_or_404(selectors.visible_api_keys(request.user), pk=key_id)
         return Response(

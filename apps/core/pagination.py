@@ -26,6 +26,22 @@ class OpaqueCursorPagination(CursorPagination):
             tokens["p"] = cursor.position
         return b64encode(parse.urlencode(tokens, doseq=True).encode("ascii")).decode("ascii")
 
+    def get_page_size(self, request):
+        """?limit=, 1 to max_page_size (empty: the default); anything else is a 400 naming
+        `limit` (as the jobs list and the audit trail answer), not silently the default."""
+        raw = request.query_params.get(self.page_size_query_param)
+        if not raw:  # absent or empty
+            return self.page_size
+        try:
+            size = int(raw)
+        except ValueError:
+            size = 0
+        if not 1 <= size <= self.max_page_size:
+            raise ValidationError(
+                {"limit": [f"Must be an integer from 1 to {self.max_page_size}."]}
+            )
+        return size
+
     def decode_cursor(self, request):
         try:
             return super().decode_cursor(request)
@@ -38,8 +54,37 @@ class OpaqueCursorPagination(CursorPagination):
     def get_paginated_response_schema(self, schema):
         return {
             "type": "object",
-            "properties": {"results": schema, "next": {"type": "string", "nullable": True}},
+            "required": ["results", "next"],
+            "properties": {
+                "results": schema,
+                "next": {
+                    "type": "string",
+                    "nullable": True,
+                    "description": "Pass back as ?cursor= (with the same filters) for the "
+                    "next page; null at the end.",
+                    "example": None,
+                },
+            },
         }
+
+    def get_schema_operation_parameters(self, view):
+        return [
+            {
+                "name": self.cursor_query_param,
+                "required": False,
+                "in": "query",
+                "description": "The `next` of the previous page (absent or empty: the first).",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": self.page_size_query_param,
+                "required": False,
+                "in": "query",
+                "description": f"Items per page, 1 to {self.max_page_size} "
+                f"(default {self.page_size}).",
+                "schema": {"type": "integer", "minimum": 1, "maximum": self.max_page_size},
+            },
+        ]
 
 
 class OldestFirstCursorPagination(OpaqueCursorPagination):

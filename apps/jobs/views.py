@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
@@ -16,22 +18,24 @@ from django.http import (
     StreamingHttpResponse,
 )
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
-from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from apps.accounts.authentication import APIKeyAuthentication
 from apps.accounts.models import Project
 from apps.core.errors import GantryError, problem
 from apps.core.idempotency import idempotency_key_of, idempotent
 from apps.core.pagination import OpaqueCursorPagination
+from apps.core.schema import also_answers, idempotency_parameter, plain_operation
+from apps.core.serializers import check_json_types
+from apps.core.views import APIView, GenericAPIView
 from apps.jobs import queue_state, selectors, streams
 from apps.jobs.models import JobStatus
 from apps.jobs.serializers import (
+    JOB_EXAMPLE,
     JobEventSerializer,
     JobListFilterSerializer,
     JobSerializer,
@@ -45,12 +49,15 @@ from apps.jobs.services.logs import current_log_text
 from apps.jobs.services.params_schema import generator_params_schema
 from apps.jobs.streams import log_events
 
-IDEMPOTENCY_PARAMETER = OpenApiParameter(
-    "Idempotency-Key",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
+IDEMPOTENCY_PARAMETER = idempotency_parameter(
     required=True,
-    description="Required. The same key and body replay the first answer (same job).",
+    description="The same key and body replay the first answer (the same job, "
+    "`Idempotent-Replayed: true`) and never hold credits twice; the same key with another "
+    "body is a 409. Scoped to the org (to the project, for a project key).",
+)
+# The stand-in generator's params schema, as the example of GET /v1/generator/schema.
+STANDIN_PARAMS_SCHEMA = json.loads(
+    (Path(__file__).parent / "standin_generator.params.schema.json").read_text(encoding="utf-8")
 )
 
 
@@ -71,10 +78,17 @@ class JobListView(GenericAPIView):
 
     @extend_schema(
         operation_id="jobs_list",
+        summary="List jobs",
+        description="The org's jobs (a project key: its project's), newest first.",
         responses={200: JobSerializer(many=True)},
         parameters=[
             OpenApiParameter("status", OpenApiTypes.STR, enum=JobStatus.values),
-            OpenApiParameter("project", OpenApiTypes.STR, description="Project id or name."),
+            OpenApiParameter(
+                "project",
+                OpenApiTypes.STR,
+                description="Project id or name (operators: its id); one the org does not "
+                "have is a 400.",
+            ),
         ],
     )
     def get(self, request):
@@ -91,7 +105,17 @@ class JobListView(GenericAPIView):
         states = queue_state.read(queued)
         return self.get_paginated_response([job_body(job, queue_states=states) for job in page])
 
+    @also_answers(402, 403, 409, 422, 429)
     @extend_schema(
+        operation_id="jobs_submit",
+        summary="Submit a job (org key)",
+        description="Answers 202 with the queued job, its credit hold taken (enough for "
+        "`max_runtime_s` × `gpu_count` on the priciest GPU type it allows). `params` is "
+        "checked against the generator's JSON Schema first (a 400 naming the path, "
+        "`params.steps`). 402: not enough credits; 403: a hard budget would be exceeded, "
+        "another project than a project key's, or an operator key; 409: the "
+        "Idempotency-Key was used with another body; 422: the spec is quarantined; 429: "
+        "rate limited, the free tier shed, or the org's queue is full (Retry-After).",
         request=JobSubmitSerializer,
         parameters=[IDEMPOTENCY_PARAMETER],
         responses={202: JobSerializer},
@@ -99,6 +123,9 @@ class JobListView(GenericAPIView):
     def post(self, request):
         principal = _org_principal(request)
         key = idempotency_key_of(request, required=True)
+        # JSON types as the schema declares them ("600" is not an integer); the service
+        # checks everything else (apps.jobs.validation).
+        check_json_types(JobSubmitSerializer, request.data)
         result = submission.submit_api_request(
             api_key=principal.api_key, body=request.data, idempotency_key=key
         )
@@ -127,6 +154,7 @@ def _project_filter(principal, ref: str):
 class JobDetailView(GenericAPIView):
     serializer_class = JobSerializer
 
+    @extend_schema(operation_id="jobs_retrieve", summary="Read a job")
     def get(self, request, job_id):
         return Response(job_body(selectors.job_for(request.user, job_id)))
 
@@ -135,6 +163,13 @@ class JobEventsView(GenericAPIView):
     serializer_class = JobEventSerializer
     pagination_class = EventCursorPagination
 
+    @extend_schema(
+        operation_id="jobs_events_list",
+        summary="A job's status changes",
+        description="Oldest first. A tenant reads the public reason (never another "
+        "tenant's job, org or a scheduler score); operators read the whole reason.",
+        responses={200: JobEventSerializer(many=True)},
+    )
     def get(self, request, job_id):
         job = selectors.job_for(request.user, job_id)
         page = self.paginate_queryset(selectors.job_events(job))
@@ -147,7 +182,16 @@ class JobEventsView(GenericAPIView):
 class JobCancelView(GenericAPIView):
     serializer_class = JobSerializer
 
-    @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse()})
+    @also_answers(403, 409)
+    @extend_schema(
+        operation_id="jobs_cancel",
+        summary="Cancel a job (org key)",
+        description="Answers the job as it now is; a running job is stopped and charged for "
+        "the time it ran. A finished job: 409 (`field`: status).",
+        request=None,
+        parameters=[idempotency_parameter()],
+        responses={200: JobSerializer},
+    )
     @idempotent()
     def post(self, request, job_id):
         job = selectors.job_for(_org_principal(request), job_id)
@@ -158,7 +202,27 @@ class JobCancelView(GenericAPIView):
 class JobResultView(GenericAPIView):
     serializer_class = JobSerializer
 
-    @extend_schema(responses={302: OpenApiResponse(description="To a signed, expiring URL.")})
+    @extend_schema(
+        operation_id="jobs_result",
+        summary="Download a job's output",
+        description="302 to a signed link of the output file, valid GANTRY_RESULT_URL_TTL_S; "
+        "404 while the job has no result.",
+        parameters=[
+            OpenApiParameter(
+                "Location",
+                OpenApiTypes.URI,
+                OpenApiParameter.HEADER,
+                required=True,
+                response=[302],
+                description="The signed, expiring link (GET /v1/results/{token}).",
+            )
+        ],
+        responses={
+            302: OpenApiResponse(
+                description="To a signed, expiring URL of the output file.",
+            )
+        },
+    )
     def get(self, request, job_id):
         job = selectors.job_for(request.user, job_id)
         return HttpResponseRedirect(results.signed_result_link(job).url)
@@ -170,7 +234,23 @@ class ResultDownloadView(GenericAPIView):
     authentication_classes = []
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: OpenApiTypes.BINARY, 302: OpenApiResponse()})
+    @also_answers(403, 410)
+    @extend_schema(
+        operation_id="results_download",
+        summary="The output file, by its signed link",
+        description="No API key: the signature and its expiry are the access. 403: an "
+        "altered link; 410: expired, or the result is gone. With object storage, a 302 to "
+        "the store's own short-lived URL.",
+        responses={
+            (200, "*/*"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="The file, as an attachment (Content-Type from its name, "
+                "e.g. image/png).",
+                examples=[OpenApiExample("A PNG", value="<the PNG file's bytes>")],
+            ),
+            302: OpenApiResponse(description="To the object store's short-lived URL."),
+        },
+    )
     def get(self, request, token):
         download = results.open_result_link(token)
         store = results.storage()
@@ -194,6 +274,12 @@ class ResultDownloadView(GenericAPIView):
 class WebhookSecretView(GenericAPIView):
     serializer_class = WebhookSecretSerializer
 
+    @also_answers(403)
+    @extend_schema(
+        operation_id="webhooks_secret",
+        summary="The org's webhook signing secret (org key)",
+        description="Deliveries carry X-Gantry-Signature, an HMAC-SHA256 with this secret.",
+    )
     def get(self, request):
         principal = _org_principal(request)
         return Response(
@@ -208,9 +294,24 @@ class WebhookSecretView(GenericAPIView):
 class GeneratorSchemaView(APIView):
     """The JSON Schema that a job's `params` must satisfy (the generator's own)."""
 
+    @also_answers(404)
     @extend_schema(
         operation_id="generator_schema",
-        responses={200: OpenApiResponse(description="A JSON Schema (draft 2020-12).")},
+        summary="The JSON Schema of a job's params",
+        description="The generator's own (GANTRY_GENERATOR_PARAMS_SCHEMA; the stand-in's by "
+        "default); a submission's `params` must satisfy it. 404 when the generator "
+        "publishes none.",
+        responses={
+            200: OpenApiResponse(
+                {
+                    "type": "object",
+                    "additionalProperties": True,
+                    "description": "A JSON Schema (draft 2020-12).",
+                },
+                description="A JSON Schema (draft 2020-12).",
+                examples=[OpenApiExample("The stand-in's", value=STANDIN_PARAMS_SCHEMA)],
+            )
+        },
     )
     def get(self, request):
         return Response(generator_params_schema())
@@ -256,12 +357,106 @@ def _problem(code: str, message: str, status_code: int) -> JsonResponse:
     return JsonResponse(problem(code, message, status_code=status_code), status=status_code)
 
 
+def _method_not_allowed(request) -> JsonResponse:
+    response = _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
+    response["Allow"] = "GET"
+    return response
+
+
+# The OpenAPI operations of the two async views (drf-spectacular sees DRF views only;
+# apps.core.schema.add_plain_views adds these).
+JOB_ID_PARAMETER = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "format": "uuid"},
+}
+_JOB_EVENT = "event: job\nid: 1\ndata: " + json.dumps(JOB_EXAMPLE, separators=(",", ":")) + "\n\n"
+STREAM_OPERATION = {
+    "operationId": "jobs_stream",
+    "summary": "Follow a job (Server-Sent Events)",
+    "description": "`text/event-stream`: an `event: job` with the job body at once, then on "
+    "every change of status, progress, cost or queue (within a status at most two a "
+    "second), `: keep-alive` comments every 15 s; closes after a terminal status.",
+    "tags": ["jobs"],
+    "parameters": [JOB_ID_PARAMETER],
+    "responses": {
+        "200": {
+            "description": "The job's events, until it ends.",
+            "content": {
+                "text/event-stream": {
+                    # Before OpenAPI 3.2 (itemSchema), `schema` describes each event.
+                    "schema": {
+                        "type": "object",
+                        "required": ["event", "id", "data"],
+                        "properties": {
+                            "event": {"type": "string", "enum": ["job"]},
+                            "id": {"type": "string", "description": "1, 2, 3, ..."},
+                            "data": {
+                                "type": "string",
+                                "description": "The job body (the Job schema), as JSON.",
+                            },
+                        },
+                    },
+                    "examples": {"AJobEvent": {"value": _JOB_EVENT}},
+                }
+            },
+        }
+    },
+}
+LOGS_OPERATION = {
+    "operationId": "jobs_logs",
+    "summary": "A job's generator output",
+    "description": "`text/plain`: what the generator printed on stdout and stderr in the "
+    "attempt (default the latest), in order; while it runs, its latest lines. Up to "
+    "GANTRY_LOG_LIMIT_BYTES (the first and the last half of a longer log, with a line "
+    "saying what was cut). With `Accept: text/event-stream`: an `event: line` per line as "
+    "it is written, closing when the attempt ends. 404: no attempt yet, no such attempt, "
+    "or its log is gone.",
+    "tags": ["jobs"],
+    "parameters": [
+        JOB_ID_PARAMETER,
+        {
+            "name": "attempt",
+            "in": "query",
+            "required": False,
+            "description": "The attempt's number (1 is the first); default the latest.",
+            "schema": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+        },
+    ],
+    "responses": {
+        "200": {
+            "description": "The attempt's log.",
+            "content": {
+                "text/plain": {
+                    "schema": {"type": "string"},
+                    "examples": {"ALog": {"value": "step 1/20\nPROGRESS 0.05\n"}},
+                },
+                "text/event-stream": {
+                    # Before OpenAPI 3.2 (itemSchema), `schema` describes each event.
+                    "schema": {
+                        "type": "object",
+                        "required": ["event", "data"],
+                        "properties": {
+                            "event": {"type": "string", "enum": ["line"]},
+                            "data": {"type": "string", "description": "One line of output."},
+                        },
+                    },
+                    "examples": {"Lines": {"value": "event: line\ndata: step 1/20\n\n"}},
+                },
+            },
+        }
+    },
+}
+
+
+@plain_operation("get", STREAM_OPERATION)
 async def job_stream(request, job_id):
     """GET /v1/jobs/{id}/stream: Server-Sent Events of the job body (apps/jobs/streams.py).
 
     Served by Django's async handler (config/asgi.py), so an open stream holds no thread."""
     if request.method != "GET":
-        return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
+        return _method_not_allowed(request)
     run_sync = stream_read
     refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
     if refusal is not None:
@@ -280,13 +475,14 @@ async def job_stream(request, job_id):
     return response
 
 
+@plain_operation("get", LOGS_OPERATION)
 async def job_logs(request, job_id):
     """GET /v1/jobs/{id}/logs?attempt=N: the generator's output of an attempt (default:
     the latest), as text/plain; with `Accept: text/event-stream`, `event: line` per line
     as the generator writes it, closing when the attempt ends (apps/jobs/services/logs.py).
     """
     if request.method != "GET":
-        return _problem("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
+        return _method_not_allowed(request)
     run_sync = stream_read
     refusal, job = await run_sync(_stream_principal_and_job)(request, job_id)
     if refusal is not None:

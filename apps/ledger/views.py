@@ -7,9 +7,9 @@ nothing."""
 import uuid
 
 from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from apps.accounts import selectors as accounts
@@ -19,6 +19,8 @@ from apps.accounts.permissions import IsOperator
 from apps.core.errors import GantryError
 from apps.core.idempotency import HEADER, idempotent
 from apps.core.pagination import OldestFirstCursorPagination
+from apps.core.schema import also_answers, idempotency_parameter
+from apps.core.views import GenericAPIView
 from apps.ledger import operations, selectors
 from apps.ledger.serializers import (
     BalanceSerializer,
@@ -29,7 +31,12 @@ from apps.ledger.serializers import (
     GrantRequestSerializer,
 )
 
-ORG_PARAM = OpenApiParameter("org", str, description="Operators: the org to read.")
+ORG_PARAM = OpenApiParameter(
+    "org",
+    OpenApiTypes.UUID,
+    description="The org to read: required with an operator key (a 400 without it); an org "
+    "key may name its own. Another org's, or one that does not exist: 404.",
+)
 
 
 def _caller_org(request) -> Org:
@@ -62,11 +69,21 @@ def _referenced(model, pk, field: str):
 class BalanceView(GenericAPIView):
     serializer_class = BalanceSerializer
 
+    @also_answers(404)
     @extend_schema(
+        operation_id="balance_retrieve",
+        summary="The org's credit balance",
+        description="What is available, held and in total, by kind, per bucket, and what "
+        "expires soon; of one project with ?project= (a project key: its project's).",
         parameters=[
-            OpenApiParameter("project", str, description="Project id or name."),
+            OpenApiParameter(
+                "project",
+                str,
+                description="Project id or name; unknown (or another project than a project "
+                "key's): 404.",
+            ),
             ORG_PARAM,
-        ]
+        ],
     )
     def get(self, request):
         org = _caller_org(request)
@@ -95,7 +112,18 @@ class EntryListView(GenericAPIView):
     serializer_class = EntrySerializer
     pagination_class = OldestFirstCursorPagination
 
-    @extend_schema(parameters=[OpenApiParameter("job", str), ORG_PARAM])
+    @also_answers(404)
+    @extend_schema(
+        operation_id="ledger_entries_list",
+        summary="The org's ledger entries",
+        description="Append-only, oldest first; a project key reads its project's only (its "
+        "jobs' holds and the grants bound to it).",
+        parameters=[
+            OpenApiParameter("job", OpenApiTypes.UUID, description="Only this job's entries."),
+            ORG_PARAM,
+        ],
+        responses={200: EntrySerializer(many=True)},
+    )
     def get(self, request):
         org = _caller_org(request)
         job = request.query_params.get("job")
@@ -115,7 +143,15 @@ class GrantView(GenericAPIView):
     serializer_class = BucketSerializer
     permission_classes = [IsOperator]
 
-    @extend_schema(request=GrantRequestSerializer, responses={201: BucketSerializer})
+    @extend_schema(
+        operation_id="credits_grants_create",
+        summary="Grant credits (operator)",
+        description="A new bucket of `amount` micro-credits for the org (or one project of "
+        "it). The same Idempotency-Key never grants twice.",
+        request=GrantRequestSerializer,
+        parameters=[idempotency_parameter(required=True)],
+        responses={201: BucketSerializer},
+    )
     @idempotent(required=True)
     def post(self, request):
         body = GrantRequestSerializer(data=request.data)
@@ -139,7 +175,15 @@ class BudgetView(GenericAPIView):
     serializer_class = BudgetSerializer
     permission_classes = [IsOperator]
 
-    @extend_schema(request=BudgetRequestSerializer, responses={200: BudgetSerializer})
+    @extend_schema(
+        operation_id="budgets_set",
+        summary="Set a budget (operator)",
+        description="Creates or replaces the budget at that level: the org, a project, a "
+        "user, or a user in a project.",
+        request=BudgetRequestSerializer,
+        parameters=[idempotency_parameter()],
+        responses={200: BudgetSerializer},
+    )
     @idempotent()
     def put(self, request):
         body = BudgetRequestSerializer(data=request.data)

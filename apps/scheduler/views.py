@@ -5,7 +5,6 @@ Changes go through apps.fleet.operations, which records them in the audit trail
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from apps.accounts.operator_actions import api_operator
@@ -13,10 +12,17 @@ from apps.accounts.permissions import IsOperator
 from apps.core.errors import GantryError
 from apps.core.idempotency import idempotent
 from apps.core.pagination import OpaqueCursorPagination
+from apps.core.schema import also_answers, idempotency_parameter
+from apps.core.views import GenericAPIView
 from apps.fleet import operations
 from apps.fleet.models import Node, NodeState
 from apps.scheduler import selectors
-from apps.scheduler.serializers import GpuTypeSerializer, NodeCreateSerializer, NodeSerializer
+from apps.scheduler.serializers import (
+    GpuTypePageSerializer,
+    GpuTypeSerializer,
+    NodeCreateSerializer,
+    NodeSerializer,
+)
 
 
 class NodePagination(OpaqueCursorPagination):
@@ -40,8 +46,11 @@ class NodeListView(GenericAPIView):
     serializer_class = NodeSerializer
 
     @extend_schema(
+        operation_id="fleet_nodes_list",
+        summary="List the fleet's nodes (operator)",
+        description="By name, with their GPUs and what holds each.",
         parameters=[OpenApiParameter("state", enum=NodeState.values, required=False)],
-        responses=NodeSerializer(many=True),
+        responses={200: NodeSerializer(many=True)},
     )
     def get(self, request):
         state = request.query_params.get("state") or None
@@ -56,7 +65,14 @@ class NodeListView(GenericAPIView):
             NodeSerializer(selectors.describe_nodes(page), many=True).data
         )
 
-    @extend_schema(request=NodeCreateSerializer, responses={201: NodeSerializer})
+    @extend_schema(
+        operation_id="fleet_nodes_create",
+        summary="Add a node (operator)",
+        description="409 when a node has that name already.",
+        request=NodeCreateSerializer,
+        parameters=[idempotency_parameter()],
+        responses={201: NodeSerializer},
+    )
     @idempotent()
     def post(self, request):
         serializer = NodeCreateSerializer(data=request.data)
@@ -69,10 +85,18 @@ class NodeDetailView(GenericAPIView):
     permission_classes = [IsOperator]
     serializer_class = NodeSerializer
 
+    @extend_schema(operation_id="fleet_nodes_retrieve", summary="Read a node (operator)")
     def get(self, request, name):
         return Response(_node_body(_existing(name)))
 
-    @extend_schema(responses={204: None})
+    @also_answers(409)
+    @extend_schema(
+        operation_id="fleet_nodes_remove",
+        summary="Remove a node (operator)",
+        description="Only when none of its GPUs is in use (409 otherwise: drain it first). A "
+        "node that ran jobs is kept as `down`, with its history.",
+        responses={204: None},
+    )
     def delete(self, request, name):
         operations.remove_node(**api_operator(request), name=name)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -82,7 +106,13 @@ class NodeDrainView(GenericAPIView):
     permission_classes = [IsOperator]
     serializer_class = NodeSerializer
 
-    @extend_schema(request=None)
+    @also_answers(409)
+    @extend_schema(
+        operation_id="fleet_nodes_drain",
+        summary="Drain a node (operator)",
+        description="It takes no new work; what runs there finishes. A removed node: 409.",
+        request=None,
+    )
     def post(self, request, name):
         return Response(_node_body(operations.drain_node(**api_operator(request), name=name)))
 
@@ -91,7 +121,12 @@ class NodeUndrainView(GenericAPIView):
     permission_classes = [IsOperator]
     serializer_class = NodeSerializer
 
-    @extend_schema(request=None)
+    @extend_schema(
+        operation_id="fleet_nodes_undrain",
+        summary="Undrain a node (operator)",
+        description="It takes work again (a removed node comes back).",
+        request=None,
+    )
     def post(self, request, name):
         return Response(_node_body(operations.undrain_node(**api_operator(request), name=name)))
 
@@ -101,7 +136,12 @@ class GpuTypeListView(GenericAPIView):
     serializer_class = GpuTypeSerializer
     pagination_class = None
 
-    @extend_schema(responses=GpuTypeSerializer(many=True))
+    @extend_schema(
+        operation_id="fleet_gpu_types_list",
+        summary="List GPU types (operator)",
+        description="With memory, price per GPU-hour and how many GPUs are free; one page.",
+        responses={200: GpuTypePageSerializer},
+    )
     def get(self, request):
         rows = GpuTypeSerializer(selectors.gpu_types_with_counts(), many=True).data
         return Response({"results": rows, "next": None})
