@@ -2,7 +2,6 @@
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from apps.accounts.models import Org
@@ -15,6 +14,7 @@ from apps.audit.selectors import (
     audit_page,
     parse_kinds,
 )
+from apps.core.views import GenericAPIView
 from apps.jobs.models import Job
 
 
