@@ -80,12 +80,28 @@ def supervised_pids(conf: Path = SUPERVISOR_CONF) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("platform")
+    with launched_platform(tmp_path_factory.mktemp("platform")) as running:
+        yield running
+    drop_scratch_database()
+
+
+def drop_scratch_database() -> None:
     with psycopg.connect(_admin_url(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{SCRATCH}"')
+
+
+@contextlib.contextmanager
+def launched_platform(tmp_path, *, fresh_database: bool = True, api_port: int | None = None):
+    """`scripts/stack.py up` on the scratch database (made anew unless `fresh_database`
+    is False: a restart of the same platform), until the block ends (Ctrl-C)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    if fresh_database:
+        drop_scratch_database()
+        with psycopg.connect(_admin_url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{SCRATCH}"')
     database_url = urlunsplit(urlsplit(_admin_url())._replace(path=f"/{SCRATCH}"))
-    api_port, flower_port, metrics_base = (stack_py.free_port() for _ in range(3))
+    flower_port, metrics_base = stack_py.free_port(), stack_py.free_port()
+    api_port = api_port or stack_py.free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -133,5 +149,3 @@ def platform(tmp_path_factory):
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(launcher.pid, signal.SIGKILL)
-        with psycopg.connect(_admin_url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')
