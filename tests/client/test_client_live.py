@@ -29,7 +29,7 @@ from apps.accounts.models import Org, Tier
 from apps.jobs.models import Attempt, Job
 from apps.jobs.streams import channel_of
 from apps.ledger import services as ledger
-from gantry_client.api import ApiError, GantryAPI
+from gantry_client.api import GantryAPI
 from tests.factories import OrgFactory, ProjectFactory, operator_key, org_key
 from tests.worker_harness import (
     ROOT,
@@ -581,18 +581,8 @@ def test_submit_wait_streams_queued_running_succeeded_with_progress_and_cost(
     assert f'"GET /v1/jobs/{job.id} HTTP' not in asgi_server.log()
 
 
-def skip_without_logs(url: str, key: str) -> None:
-    """The logs endpoint is being built alongside this client: skip until it is routed."""
-    try:
-        GantryAPI(url, key).job_log(str(uuid.uuid4()))
-    except ApiError as exc:
-        if exc.status == 404 and exc.message.startswith("No such endpoint"):
-            pytest.skip("this server has no GET /v1/jobs/{id}/logs route yet")
-
-
 @pytest.mark.e2e
 def test_logs_follow_a_running_attempt_then_read_back(gantry, tenant, asgi_stack, asgi_server):
-    skip_without_logs(asgi_server.url, tenant.key)
     fund(tenant.org)
     job_id = submitted_id(
         gantry(

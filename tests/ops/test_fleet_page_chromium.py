@@ -9,7 +9,6 @@ chromium-driver); where either binary is missing the test skips and says which.
 from __future__ import annotations
 
 import io
-import shutil
 import sys
 import uuid
 
@@ -17,9 +16,6 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from PIL import Image
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ready
 from selenium.webdriver.support.ui import WebDriverWait
@@ -28,20 +24,15 @@ from apps.accounts.models import OperatorAction
 from apps.fleet.models import Node, NodeState
 from tests.jobs.factories import reset_job_state
 from tests.ops.audit_world import platform
+from tests.ops.chromium import MISSING, SKIP_REASON, headless_chromium
 from tests.scheduler.factories import broker
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 ARTIFACT = settings.BASE_DIR / "artifacts" / "fleet-page.png"
 AUDIT_ARTIFACT = settings.BASE_DIR / "artifacts" / "audit-trail.png"
 
-_missing = [
-    name for name, path in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)) if not path
-]
-if _missing:
-    _reason = f"{' and '.join(_missing)} not installed: apt-get install -y chromium chromium-driver"
-    print(f"SKIP test_fleet_page_chromium: {_reason}", file=sys.stderr)
-    pytest.skip(_reason, allow_module_level=True)
+if MISSING:
+    print(f"SKIP test_fleet_page_chromium: {SKIP_REASON}", file=sys.stderr)
+    pytest.skip(SKIP_REASON, allow_module_level=True)
 
 # The live server runs in another thread: data must be committed for it to see.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,24 +40,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def chromium(tmp_path):
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",  # root in a container
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = headless_chromium(tmp_path / "profile")
     try:
         yield driver
     finally:

@@ -156,6 +156,24 @@ def test_api_counts_add_up_over_gunicorn_processes_and_outlive_them(ops):
     ops.until(terminal(*Job.objects.filter(org=tenant.org).values_list("pk", flat=True)))
 
 
+def flower_rows(ops, attempt_id: str) -> list[dict]:
+    """The task table of Flower's Tasks page, searched for an attempt's id."""
+    query = urllib.parse.urlencode(
+        {
+            "draw": 1,
+            "start": 0,
+            "length": 10,
+            "search[value]": attempt_id,
+            "order[0][column]": 0,
+            "order[0][dir]": "desc",
+            "columns[0][data]": "name",
+        }
+    )
+    url = f"http://127.0.0.1:{ops.flower_port}/tasks/datatable?{query}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())["data"]
+
+
 @on_live_stack
 def test_flower_shows_each_run_by_task_name_queue_and_worker(ops):
     tenant = make_tenant(tier=Tier.ENTERPRISE)
@@ -165,21 +183,7 @@ def test_flower_shows_each_run_by_task_name_queue_and_worker(ops):
     attempt_id = str(Attempt.objects.get(job_id=job["id"]).pk)
 
     def rows() -> list[dict]:
-        """The task table of Flower's Tasks page, searched for the attempt's id."""
-        query = urllib.parse.urlencode(
-            {
-                "draw": 1,
-                "start": 0,
-                "length": 10,
-                "search[value]": attempt_id,
-                "order[0][column]": 0,
-                "order[0][dir]": "desc",
-                "columns[0][data]": "name",
-            }
-        )
-        url = f"http://127.0.0.1:{ops.flower_port}/tasks/datatable?{query}"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())["data"]
+        return flower_rows(ops, attempt_id)
 
     wait_for(lambda: any(row["state"] == "SUCCESS" for row in rows()), what="Flower", timeout=15)
     (run,) = rows()
@@ -340,20 +344,7 @@ def test_flower_shows_a_crashed_attempt_as_failed_naming_its_job_and_org(ops):
     ]
 
     def rows(attempt_id: str) -> list[dict]:
-        query = urllib.parse.urlencode(
-            {
-                "draw": 1,
-                "start": 0,
-                "length": 10,
-                "search[value]": attempt_id,
-                "order[0][column]": 0,
-                "order[0][dir]": "desc",
-                "columns[0][data]": "name",
-            }
-        )
-        url = f"http://127.0.0.1:{ops.flower_port}/tasks/datatable?{query}"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())["data"]
+        return flower_rows(ops, attempt_id)
 
     first = attempt_ids[0]
     wait_for(lambda: any(r["state"] == "FAILURE" for r in rows(first)), what="Flower", timeout=15)

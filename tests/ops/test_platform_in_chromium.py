@@ -10,54 +10,30 @@ which to install (.ci/run installs them where it can).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import uuid
 from urllib.parse import urlsplit
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ready
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.ops.chromium import MISSING, SKIP_REASON, headless_chromium
 from tests.ops.launched import call
 from tests.worker_harness import ROOT
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 ARTIFACTS = ROOT / "artifacts"
-_missing = [n for n, p in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)) if not p]
-if _missing:
-    _reason = f"{' and '.join(_missing)} not installed: apt-get install -y chromium chromium-driver"
-    print(f"SKIP test_platform_in_chromium: {_reason}", file=sys.stderr)
-    pytest.skip(_reason, allow_module_level=True)
+if MISSING:
+    print(f"SKIP test_platform_in_chromium: {SKIP_REASON}", file=sys.stderr)
+    pytest.skip(SKIP_REASON, allow_module_level=True)
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def chromium(tmp_path):
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = headless_chromium(tmp_path / "profile", performance_log=True)
     try:
         yield driver
     finally:
