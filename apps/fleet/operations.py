@@ -51,6 +51,33 @@ def remove_node(*, actor: str, name: str, record_refused: bool = True) -> bool:
     return deleted
 
 
+def set_gpu_type(
+    *,
+    actor: str,
+    name: str,
+    price_per_gpu_hour: int,
+    memory_gb: int | None = None,
+    record_refused: bool = True,
+) -> services.GpuTypeChange:
+    """Create or change a GPU type (services.set_gpu_type), recorded as gpu_type.update
+    with its memory and price before ({} for a new type) and after; setting the values it
+    has already records nothing."""
+    with operator_action(
+        actor=actor,
+        action="gpu_type.update",
+        target_type="gpu_type",
+        target_id=name,
+        record_refused=record_refused,
+    ) as pending:
+        change = services.set_gpu_type(
+            name=name, memory_gb=memory_gb, price_per_gpu_hour=price_per_gpu_hour
+        )
+        pending.before = change.before or {}
+        pending.after = change.after
+        pending.skip = not change.changed
+    return change
+
+
 def _state_change(actor: str, action: str, name: str, record_refused: bool):
     return operator_action(
         actor=actor,

@@ -1,4 +1,5 @@
-"""Fleet services: load the configured fleet, and the operator's add / drain / remove.
+"""Fleet services: load the configured fleet, the operator's add / drain / remove, and
+GPU types with their prices.
 
 A node's state decides what the dispatcher may do there: only `active` nodes receive
 placements; a `draining` node keeps running what it has; a `down` node is out of the
@@ -8,7 +9,9 @@ state changes here lock it FOR UPDATE, so a drain or removal never races a place
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
@@ -16,9 +19,17 @@ from apps.core.errors import Conflict, GantryError
 from apps.core.wakeup import wake_dispatcher
 from apps.fleet.fleet_file import FleetSpec
 from apps.fleet.models import Gpu, GpuType, Node, NodeState
+from apps.fleet.selectors import clear_gpu_type_cache
 
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 MAX_GPUS_PER_NODE = 64
+GPU_TYPE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+MAX_GPU_TYPE_NAME_LENGTH = 32  # GpuType.name
+MAX_GPU_MEMORY_GB = 1_000_000
+# Micro-credits per GPU-hour (a million credits): a hold of the longest run (7 days) on 8
+# GPUs at this price is about 1.3e15 micro-credits, far inside BIGINT and exact in the
+# float arithmetic of apps.jobs.services.spec.hold_amount.
+MAX_PRICE_PER_GPU_HOUR = 10**12
 
 
 @transaction.atomic
@@ -140,3 +151,107 @@ def _locked(name: str) -> Node:
 
 def _wake() -> None:
     wake_dispatcher()
+
+
+@dataclass(frozen=True)
+class GpuTypeChange:
+    """What set_gpu_type did: the type as it now is, and its values before (None: new)."""
+
+    gpu_type: GpuType
+    before: dict | None
+
+    @property
+    def created(self) -> bool:
+        return self.before is None
+
+    @property
+    def after(self) -> dict:
+        return gpu_type_values(self.gpu_type)
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def gpu_type_values(gpu_type: GpuType) -> dict:
+    return {"memory_gb": gpu_type.memory_gb, "price_per_gpu_hour": gpu_type.price_per_gpu_hour}
+
+
+def check_gpu_type(
+    *, memory_gb: int | None, price_per_gpu_hour: int, name: str | None = None
+) -> None:
+    """Refuse GPU type values the fleet cannot hold, as a GantryError (400) naming the
+    field: a memory of 1 to MAX_GPU_MEMORY_GB GB, a price of 0 to MAX_PRICE_PER_GPU_HOUR
+    micro-credits and, when given (a new type's), a name of 1 to 32 letters, digits, '.',
+    '_' and '-', starting alphanumeric. (Types loaded from a fleet file keep their names.)"""
+    if name is not None and (
+        len(name) > MAX_GPU_TYPE_NAME_LENGTH or not re.fullmatch(GPU_TYPE_NAME_PATTERN, name)
+    ):
+        raise GantryError(
+            f"name: 1 to {MAX_GPU_TYPE_NAME_LENGTH} letters, digits, '.', '_' and '-', "
+            "starting alphanumeric.",
+            code="invalid",
+            field="name",
+        )
+    if memory_gb is not None and not _integer_in(memory_gb, 1, MAX_GPU_MEMORY_GB):
+        raise GantryError(
+            f"memory_gb: an integer from 1 to {MAX_GPU_MEMORY_GB}.",
+            code="invalid",
+            field="memory_gb",
+        )
+    if not _integer_in(price_per_gpu_hour, 0, MAX_PRICE_PER_GPU_HOUR):
+        raise GantryError(
+            f"price_per_gpu_hour: an integer from 0 to {MAX_PRICE_PER_GPU_HOUR} "
+            "(micro-credits per GPU-hour).",
+            code="invalid",
+            field="price_per_gpu_hour",
+        )
+
+
+def _integer_in(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def set_gpu_type(
+    *, name: str, price_per_gpu_hour: int, memory_gb: int | None = None
+) -> GpuTypeChange:
+    """Create the GPU type `name` (`memory_gb` then required) or change its price (and
+    memory, when given). Bad values (and a new type's bad name) are a 400 naming the
+    field (check_gpu_type).
+
+    Prices apply to placements from now on: a running attempt keeps the price it was
+    placed at, and a submission's hold reads the new price at once in this process and
+    within GANTRY_GPU_TYPE_CACHE_S in the others. Locks the type's row; two concurrent
+    creations of one name: the second is a 409."""
+    check_gpu_type(memory_gb=memory_gb, price_per_gpu_hour=price_per_gpu_hour)
+    with transaction.atomic():
+        gpu_type = None
+        if len(name) <= MAX_GPU_TYPE_NAME_LENGTH:  # longer: none can exist
+            gpu_type = GpuType.objects.select_for_update().filter(name=name).first()
+        if gpu_type is None:
+            check_gpu_type(name=name, memory_gb=memory_gb, price_per_gpu_hour=price_per_gpu_hour)
+            if memory_gb is None:
+                raise GantryError(
+                    f"memory_gb: required to create the GPU type {name!r}.",
+                    code="invalid",
+                    field="memory_gb",
+                )
+            try:
+                with transaction.atomic():
+                    gpu_type = GpuType.objects.create(
+                        name=name, memory_gb=memory_gb, price_per_gpu_hour=price_per_gpu_hour
+                    )
+            except IntegrityError as exc:
+                raise Conflict(
+                    f"The GPU type {name!r} was created meanwhile; retry.", field="name"
+                ) from exc
+            before = None
+        else:
+            before = gpu_type_values(gpu_type)
+            gpu_type.price_per_gpu_hour = price_per_gpu_hour
+            if memory_gb is not None:
+                gpu_type.memory_gb = memory_gb
+            if gpu_type_values(gpu_type) != before:
+                gpu_type.save(update_fields=["memory_gb", "price_per_gpu_hour"])
+        transaction.on_commit(clear_gpu_type_cache)
+    return GpuTypeChange(gpu_type=gpu_type, before=before)

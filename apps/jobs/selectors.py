@@ -5,7 +5,14 @@ from __future__ import annotations
 from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.shortcuts import get_object_or_404
 
-from apps.jobs.models import Attempt, Job, JobEvent, JobStatus, WebhookEvent
+from apps.jobs.models import (
+    Attempt,
+    Job,
+    JobEvent,
+    JobStatus,
+    QuarantinedFingerprint,
+    WebhookEvent,
+)
 from apps.jobs.services.exits import FAILURE_CLASSES
 
 OUTSTANDING_STATUSES = (
@@ -56,6 +63,17 @@ def jobs_listing(principal, *, status: str | None = None, project_id=None) -> Qu
 
 def job_events(job: Job) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job=job).order_by("at", "id")
+
+
+def quarantined_fingerprints() -> QuerySet[QuarantinedFingerprint]:
+    """Every quarantined params fingerprint (operators'), newest first."""
+    return QuarantinedFingerprint.objects.order_by("-created_at", "fingerprint")
+
+
+def quarantined(fingerprint: str) -> QuarantinedFingerprint | None:
+    """The quarantined fingerprint (with its sample job), or None."""
+    rows = QuarantinedFingerprint.objects.select_related("sample_job")
+    return rows.filter(pk=fingerprint).first()
 
 
 def submission_request_id(job_id) -> str | None:

@@ -1,4 +1,5 @@
-"""The job body of the public API (docs/api.md), and validation of submissions and list filters."""
+"""The job body of the public API (docs/api.md), validation of submissions and list
+filters, and the operators' quarantined fingerprints."""
 
 from __future__ import annotations
 
@@ -487,3 +488,32 @@ class WebhookSecretSerializer(serializers.Serializer):
     secret = serializers.CharField()
     signature_header = serializers.CharField()
     scheme = serializers.CharField()
+
+
+@extend_schema_serializer(
+    examples=[
+        example(
+            "Hung on two nodes",
+            {
+                "fingerprint": "9c1f0e4b7a2d5c8e3f6a1b4d7e0c2f5a8b1d4e7f0a3c6b9d2e5f8a1c4b7d0e3f",
+                "reason": "Jobs with these params hung or crashed on 2 different nodes "
+                "(threshold 2).",
+                "node_count": 2,
+                "sample_job": JOB_EXAMPLE["id"],
+                "created_at": "2026-01-15T09:30:00Z",
+            },
+            response=True,
+        )
+    ]
+)
+class QuarantinedFingerprintSerializer(serializers.Serializer):
+    """A params fingerprint refused at submission (422) since its jobs hung or crashed on
+    several nodes."""
+
+    fingerprint = serializers.CharField(help_text="sha256 of the canonical params + resources.")
+    reason = serializers.CharField()
+    node_count = serializers.IntegerField(help_text="Nodes its attempts hung or crashed on.")
+    sample_job = serializers.UUIDField(
+        source="sample_job_id", allow_null=True, help_text="The job that tripped it."
+    )
+    created_at = serializers.DateTimeField()

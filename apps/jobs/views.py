@@ -1,4 +1,7 @@
-"""Tenant job endpoints: submit, read, list, events, cancel, result; signed downloads."""
+"""Job endpoints: submit, read, list, events, cancel, result; signed downloads; and the
+operators' job actions (cancel any org's job, requeue a dead-lettered one, lift a
+quarantine), which go through apps.jobs.operations and are recorded in the audit trail
+(actor `api:<key prefix>`) in the change's transaction; a refused call records nothing."""
 
 from __future__ import annotations
 
@@ -26,13 +29,15 @@ from rest_framework.response import Response
 
 from apps.accounts.authentication import APIKeyAuthentication
 from apps.accounts.models import Project
+from apps.accounts.operator_actions import api_operator
+from apps.accounts.permissions import IsOperator
 from apps.core.errors import GantryError, problem
 from apps.core.idempotency import idempotency_key_of, idempotent
 from apps.core.pagination import OpaqueCursorPagination
 from apps.core.schema import also_answers, idempotency_parameter, plain_operation
 from apps.core.serializers import check_json_types
 from apps.core.views import APIView, GenericAPIView
-from apps.jobs import queue_state, selectors, streams
+from apps.jobs import operations, queue_state, selectors, streams
 from apps.jobs.models import JobStatus
 from apps.jobs.serializers import (
     JOB_EXAMPLE,
@@ -40,6 +45,7 @@ from apps.jobs.serializers import (
     JobListFilterSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    QuarantinedFingerprintSerializer,
     WebhookSecretSerializer,
     job_body,
 )
@@ -64,6 +70,10 @@ STANDIN_PARAMS_SCHEMA = json.loads(
 class EventCursorPagination(OpaqueCursorPagination):
     ordering = ("at", "id")
     page_size = 500
+
+
+class QuarantinePagination(OpaqueCursorPagination):
+    ordering = ("-created_at", "fingerprint")
 
 
 def _org_principal(request):
@@ -182,21 +192,97 @@ class JobEventsView(GenericAPIView):
 class JobCancelView(GenericAPIView):
     serializer_class = JobSerializer
 
-    @also_answers(403, 409)
+    @also_answers(409)
     @extend_schema(
         operation_id="jobs_cancel",
-        summary="Cancel a job (org key)",
+        summary="Cancel a job",
         description="Answers the job as it now is; a running job is stopped and charged for "
-        "the time it ran. A finished job: 409 (`field`: status).",
+        "the time it ran. A finished job: 409 (`field`: status). An org key cancels its "
+        "own jobs; an operator key any org's, recorded in the audit trail as job.cancel.",
         request=None,
         parameters=[idempotency_parameter()],
         responses={200: JobSerializer},
     )
     @idempotent()
     def post(self, request, job_id):
-        job = selectors.job_for(_org_principal(request), job_id)
-        job = cancel_job(job.id, actor=f"api:{request.user.api_key.prefix}")
+        job = selectors.job_for(request.user, job_id)
+        if request.user.is_operator:
+            job = operations.cancel(
+                job.id, **api_operator(request), org_id=job.org_id, status=job.status
+            )
+        else:
+            job = cancel_job(job.id, actor=f"api:{request.user.api_key.prefix}")
         return Response(job_body(job))
+
+
+class JobRequeueView(GenericAPIView):
+    permission_classes = [IsOperator]
+    serializer_class = JobSerializer
+
+    @also_answers(402, 409, 422)
+    @extend_schema(
+        operation_id="jobs_requeue",
+        summary="Requeue a dead-lettered job as a new job (operator)",
+        description="A failed job stays failed; it is run again as a NEW job (same org, "
+        "project, user and spec, a fresh hold), answered with 201. Requeuing it again "
+        "answers 201 with the same copy and changes nothing (recorded once, as "
+        "job.requeue). A job that is not failed: 409 (`field`: status). The copy needs the "
+        "org's credits (402), fits its hard budgets (403) and is not quarantined (422); "
+        "quotas do not apply.",
+        request=None,
+        responses={201: JobSerializer},
+    )
+    def post(self, request, job_id):
+        job = selectors.job_for(request.user, job_id)
+        copy = operations.requeue(
+            job.id, **api_operator(request), org_id=job.org_id, status=job.status
+        )
+        return Response(job_body(copy), status=status.HTTP_201_CREATED)
+
+
+class QuarantineListView(GenericAPIView):
+    permission_classes = [IsOperator]
+    serializer_class = QuarantinedFingerprintSerializer
+    pagination_class = QuarantinePagination
+
+    @extend_schema(
+        operation_id="quarantine_list",
+        summary="List quarantined params fingerprints (operator)",
+        description="Newest first. A submission with one of these fingerprints is a 422.",
+        responses={200: QuarantinedFingerprintSerializer(many=True)},
+    )
+    def get(self, request):
+        page = self.paginate_queryset(selectors.quarantined_fingerprints())
+        return self.get_paginated_response(QuarantinedFingerprintSerializer(page, many=True).data)
+
+
+class QuarantineDetailView(GenericAPIView):
+    permission_classes = [IsOperator]
+    serializer_class = QuarantinedFingerprintSerializer
+
+    @extend_schema(
+        operation_id="quarantine_clear",
+        summary="Lift a quarantine (operator)",
+        description="Jobs with these params may be submitted again (one more hang or crash "
+        "quarantines them again). Recorded as quarantine.clear. 404 when the fingerprint "
+        "is not quarantined.",
+        parameters=[
+            OpenApiParameter(
+                "fingerprint",
+                {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                OpenApiParameter.PATH,
+                description="sha256 hex of the canonical params + resources.",
+            )
+        ],
+        responses={204: None},
+    )
+    def delete(self, request, fingerprint):
+        row = selectors.quarantined(fingerprint)
+        if row is None or not operations.clear_quarantine(row, **api_operator(request)):
+            raise GantryError(
+                "This fingerprint is not quarantined.", code="not_found", status_code=404
+            )
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class JobResultView(GenericAPIView):

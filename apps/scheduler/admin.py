@@ -3,10 +3,10 @@ lives in: the fleet (what runs where, drain/undrain). The audit trail page is th
 app's (apps.audit.admin). Changes made here go through the services and are recorded as
 operator actions."""
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
-from django.forms.models import model_to_dict
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -15,6 +15,7 @@ from apps.accounts.operator_actions import operator_action, operator_of
 from apps.core.admin import ReadOnlyAdmin
 from apps.core.errors import GantryError
 from apps.fleet import operations
+from apps.fleet import services as fleet_services
 from apps.fleet.models import Gpu, GpuType, Node, NodeState
 from apps.scheduler.models import DispatchDecision, NodeClaim, UsageAccount
 from apps.scheduler.selectors_fleet import fleet_overview
@@ -26,25 +27,50 @@ admin.site.index_title = "Operations"
 admin.site.index_template = "admin/gantry_index.html"
 
 
+class GpuTypeForm(forms.ModelForm):
+    """The fields' checks, then the fleet's own (apps.fleet.services.check_gpu_type), so
+    that what the service would refuse is an error on the form, not a failed save."""
+
+    class Meta:
+        model = GpuType
+        fields = ("name", "memory_gb", "price_per_gpu_hour")
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            fleet_services.check_gpu_type(
+                name=data.get("name"),  # a new type's (the field is read-only on a change)
+                memory_gb=data.get("memory_gb"),
+                price_per_gpu_hour=data.get("price_per_gpu_hour"),
+            )
+        except GantryError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return data
+
+
 @admin.register(GpuType)
 class GpuTypeAdmin(admin.ModelAdmin):
-    """Prices apply to placements from now on; running attempts keep the price they got."""
+    """Prices apply to placements from now on; running attempts keep the price they got.
+    A save goes through apps.fleet.operations.set_gpu_type, as PUT /v1/fleet/gpu-types/
+    {name} does (recorded as gpu_type.update)."""
 
+    form = GpuTypeForm
     list_display = ("name", "memory_gb", "price_per_gpu_hour", "gpu_count")
     search_fields = ("name",)
 
+    def get_readonly_fields(self, request, obj=None):
+        # The name is the key: renaming would add another type, not change this one.
+        return ("name",) if obj else ()
+
     def save_model(self, request, obj, form, change):
-        current = GpuType.objects.filter(pk=obj.pk).first() if change else None
-        fields = ("memory_gb", "price_per_gpu_hour")
-        with operator_action(
+        operations.set_gpu_type(
             actor=operator_of(request),
-            action="gpu_type.update",
-            target_type="gpu_type",
-            target_id=obj.pk,
-            before=model_to_dict(current, fields=fields) if current else {},
-            after=model_to_dict(obj, fields=fields),
-        ):
-            super().save_model(request, obj, form, change)
+            name=obj.pk,
+            memory_gb=obj.memory_gb,
+            price_per_gpu_hour=obj.price_per_gpu_hour,
+        )
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(_gpus=Count("gpus"))

@@ -75,13 +75,15 @@ def describe_nodes(page: Sequence[Node]) -> list[dict]:
     return out
 
 
-def gpu_types_with_counts() -> list[dict]:
-    """GPU types, priciest first, with GPUs in the fleet (not removed) and free now."""
+def gpu_types_with_counts(*, name: str | None = None) -> list[dict]:
+    """GPU types (or the one named), priciest first, with GPUs in the fleet (not removed)
+    and free now."""
     # isnull=False first: a GPU never assigned also reads released_at NULL in the outer join.
     live = Q(gpus__assignments__isnull=False, gpus__assignments__released_at__isnull=True)
     in_fleet = ~Q(gpus__node__state=NodeState.DOWN)
+    types = GpuType.objects.filter(name=name) if name is not None else GpuType.objects.all()
     rows = (
-        GpuType.objects.annotate(
+        types.annotate(
             gpu_count=Count("gpus", filter=in_fleet, distinct=True),
             busy=Count("gpus", filter=in_fleet & live, distinct=True),
         )

@@ -7,7 +7,14 @@ from apps.core.errors import GantryError
 from apps.core.schema import NOT_BLANK, example
 from apps.core.serializers import StrictJSONTypesMixin
 from apps.fleet.models import NodeState
-from apps.fleet.services import MAX_GPUS_PER_NODE, NODE_NAME_PATTERN
+from apps.fleet.services import (
+    GPU_TYPE_NAME_PATTERN,
+    MAX_GPU_MEMORY_GB,
+    MAX_GPU_TYPE_NAME_LENGTH,
+    MAX_GPUS_PER_NODE,
+    MAX_PRICE_PER_GPU_HOUR,
+    NODE_NAME_PATTERN,
+)
 
 
 class GpuSpecSerializer(StrictJSONTypesMixin, serializers.Serializer):
@@ -133,12 +140,56 @@ class NodeSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
+GPU_TYPE_EXAMPLE = {
+    "name": "H100",
+    "memory_gb": 80,
+    "price_per_gpu_hour": 4_500_000,
+    "gpu_count": 4,
+    "free_gpus": 3,
+}
+# The {name} of /v1/fleet/gpu-types/{name}.
+GPU_TYPE_NAME_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_GPU_TYPE_NAME_LENGTH,
+    "pattern": GPU_TYPE_NAME_PATTERN,
+    "example": "H100",
+}
+
+
+@extend_schema_serializer(
+    examples=[example("A GPU type", GPU_TYPE_EXAMPLE, response=True, status_codes=[200, 201])]
+)
 class GpuTypeSerializer(serializers.Serializer):
     name = serializers.CharField()
     memory_gb = serializers.IntegerField()
     price_per_gpu_hour = serializers.IntegerField(help_text="Micro-credits per GPU-hour.")
     gpu_count = serializers.IntegerField()
     free_gpus = serializers.IntegerField()
+
+
+@extend_schema_serializer(
+    examples=[
+        example("A new price", {"price_per_gpu_hour": 4_500_000}, request=True),
+        example(
+            "A new GPU type",
+            {"memory_gb": 48, "price_per_gpu_hour": 1_800_000},
+            request=True,
+        ),
+    ]
+)
+class GpuTypeSetSerializer(StrictJSONTypesMixin, serializers.Serializer):
+    memory_gb = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_GPU_MEMORY_GB,
+        required=False,
+        help_text="GB per GPU; required to create a type, optional to change one.",
+    )
+    price_per_gpu_hour = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_PRICE_PER_GPU_HOUR,
+        help_text="Micro-credits per GPU-hour, for placements from now on.",
+    )
 
 
 @extend_schema_serializer(

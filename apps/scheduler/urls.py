@@ -12,4 +12,5 @@ urlpatterns = [
         name="fleet-node-undrain",
     ),
     path("fleet/gpu-types", views.GpuTypeListView.as_view(), name="fleet-gpu-types"),
+    path("fleet/gpu-types/<str:name>", views.GpuTypeDetailView.as_view(), name="fleet-gpu-type"),
 ]

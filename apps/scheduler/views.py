@@ -1,4 +1,5 @@
-"""The operator's fleet API: list, add, drain, undrain and remove nodes; GPU types.
+"""The operator's fleet API: list, add, drain, undrain and remove nodes; GPU types and
+their prices.
 
 Changes go through apps.fleet.operations, which records them in the audit trail
 (actor `api:<key prefix>`) in the change's transaction; a refused call records nothing."""
@@ -18,8 +19,10 @@ from apps.fleet import operations
 from apps.fleet.models import Node, NodeState
 from apps.scheduler import selectors
 from apps.scheduler.serializers import (
+    GPU_TYPE_NAME_SCHEMA,
     GpuTypePageSerializer,
     GpuTypeSerializer,
+    GpuTypeSetSerializer,
     NodeCreateSerializer,
     NodeSerializer,
 )
@@ -145,3 +148,34 @@ class GpuTypeListView(GenericAPIView):
     def get(self, request):
         rows = GpuTypeSerializer(selectors.gpu_types_with_counts(), many=True).data
         return Response({"results": rows, "next": None})
+
+
+class GpuTypeDetailView(GenericAPIView):
+    permission_classes = [IsOperator]
+    serializer_class = GpuTypeSerializer
+
+    @extend_schema(
+        operation_id="fleet_gpu_types_set",
+        summary="Add a GPU type or change its price (operator)",
+        description="Creates the type (201; `memory_gb` required) or changes its price "
+        "and, when given, its memory (200). Prices apply to placements from now on: a "
+        "running attempt keeps the price it was placed at. Recorded as gpu_type.update "
+        "with the values before and after. A name of 1 to 32 letters, digits, '.', '_' "
+        "and '-', starting alphanumeric; a price of 0 to 10^12 micro-credits per GPU-hour.",
+        parameters=[
+            OpenApiParameter("name", GPU_TYPE_NAME_SCHEMA, OpenApiParameter.PATH),
+            idempotency_parameter(),
+        ],
+        request=GpuTypeSetSerializer,
+        responses={200: GpuTypeSerializer, 201: GpuTypeSerializer},
+    )
+    @idempotent()
+    def put(self, request, name):
+        body = GpuTypeSetSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        change = operations.set_gpu_type(**api_operator(request), name=name, **body.validated_data)
+        [described] = selectors.gpu_types_with_counts(name=change.gpu_type.name)
+        return Response(
+            GpuTypeSerializer(described).data,
+            status=status.HTTP_201_CREATED if change.created else status.HTTP_200_OK,
+        )

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from apps.jobs.models import Job, JobEvent, JobStatus
+from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.ledger import services as ledger
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, UserFactory, org_key
@@ -86,6 +86,13 @@ def _world(org):
             )
         if owner == org:
             mine = jobs[0]
+        for n in range(3):
+            QuarantinedFingerprint.objects.create(
+                fingerprint=f"{owner.pk.hex}{n:032x}",
+                reason="hung on 2 nodes",
+                node_count=2,
+                sample_job=jobs[n],
+            )
     return mine
 
 
@@ -107,6 +114,7 @@ LISTS = [
     ("operator", "/v1/api-keys", 3),
     ("operator", "/v1/ledger/entries?org={org}", 3),
     ("operator", "/v1/fleet/nodes", 3),
+    ("operator", "/v1/quarantine", 3),
 ]
 
 

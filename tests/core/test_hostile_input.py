@@ -99,6 +99,7 @@ def test_a_number_with_thousands_of_digits_is_malformed_not_a_crash(funded):
         ("PUT", "/v1/budgets"),
         ("POST", "/v1/jobs/00000000-0000-0000-0000-000000000000/cancel"),
         ("POST", "/v1/credits/grants"),
+        ("PUT", "/v1/fleet/gpu-types/H100"),
     ],
 )
 def test_json_nested_5000_deep_is_a_400_on_every_write_endpoint(funded, operator, method, path):
@@ -234,6 +235,9 @@ WRITE_ENDPOINTS = [
     ("POST", "/v1/credits/grants"),
     ("PUT", "/v1/budgets"),
     ("POST", "/v1/jobs/{job}/cancel"),
+    ("POST", "/v1/jobs/{job}/requeue"),
+    ("PUT", "/v1/fleet/gpu-types/H100"),
+    ("PUT", "/v1/fleet/gpu-types/L40S"),
 ]
 
 

@@ -7,8 +7,9 @@ and malformed values, undeclared methods, then fuzzed ones), to the real applica
 production: `transaction=True`), once with a tenant key and once with an operator key.
 
 The world: an enterprise org with credits, a project, a user, a key bound to that
-project (the tenant), an operator key, a queued job with its hold and a succeeded job
-with a result, the demo GPU types and a node of two H100s.
+project (the tenant), an operator key, a queued job with its hold, a succeeded job
+with a result, a failed (dead-lettered) job, a quarantined fingerprint, the demo GPU
+types and a node of two H100s.
 
 Every check schemathesis has for a single request runs, and the test wants zero
 failures from each:
@@ -34,8 +35,10 @@ Left out, and why:
 What the schema cannot say, and the test supplies to the *positive* cases only (a
 request the schema calls valid, before it is sent): ids that exist (a path's org, job,
 key or node, and the org, project, user or job a body or a filter names: any
-well-formed UUID is valid by the schema, a missing one is a 400 or 404), a cursor the
-API made (opaque), `until` after `since`, a grant's expiry in the future, GPU types of
+well-formed UUID is valid by the schema, a missing one is a 400 or 404; a requeue names
+the failed job, a lifted quarantine the quarantined fingerprint, a price change an
+existing GPU type unless the body has the `memory_gb` a new one needs), a cursor the API
+made (opaque), `until` after `since`, a grant's expiry in the future, GPU types of
 the fleet (a node's GPUs, a job's `gpu_types` and a memory floor one of them meets), and
 no webhook (its host must resolve to a public address: no DNS here). A 402 is accepted
 for valid data: whether an org can pay is not the request's shape. Negative cases go as
@@ -59,7 +62,7 @@ from django.core.wsgi import get_wsgi_application
 
 from apps.accounts.models import Tier
 from apps.accounts.services import issue_api_key
-from apps.jobs.models import Job, JobStatus
+from apps.jobs.models import Job, JobStatus, QuarantinedFingerprint
 from apps.jobs.services import results
 from tests.factories import OrgFactory, ProjectFactory, UserFactory
 from tests.fleet.factories import NodeFactory
@@ -100,6 +103,10 @@ class World:
             result_path=results.store_result(self.done_job, output)
         )
         self.done_job.refresh_from_db()
+        self.failed_job = JobFactory(org=self.org, project=self.project, status=JobStatus.FAILED)
+        self.quarantined = QuarantinedFingerprint.objects.create(
+            fingerprint="f" * 64, reason="hung on 2 nodes", node_count=2, sample_job=self.done_job
+        )
         self.node = NodeFactory(gpus=2)
         self.spare_node = NodeFactory(gpus=1)  # for DELETE
 
@@ -182,12 +189,23 @@ def steer(case, world: World, caller: str) -> None:
     if "org" in params:
         params["org"] = str(world.org.id)
     if "job_id" in params:
-        job = world.queued_job if path.endswith("/cancel") else world.done_job
+        if path.endswith("/cancel"):
+            job = world.queued_job
+        elif path.endswith("/requeue"):
+            job = world.failed_job
+        else:
+            job = world.done_job
         params["job_id"] = str(job.id)
     if "key_id" in params:
         params["key_id"] = str(world.spare_key.id)
-    if "name" in params:
+    if path == "/v1/fleet/gpu-types/{name}":
+        body = case.body if isinstance(case.body, MutableMapping) else {}
+        if "memory_gb" not in body:  # a price change: of a type that exists
+            params["name"] = KNOWN_GPU_TYPES[0]
+    elif "name" in params:
         params["name"] = (world.spare_node if method == "DELETE" else world.node).name
+    if "fingerprint" in params:
+        params["fingerprint"] = world.quarantined.fingerprint
     if "token" in params:
         params["token"] = results.signed_result_link(world.done_job).path.rsplit("/", 1)[1]
 

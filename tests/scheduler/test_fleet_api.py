@@ -1,8 +1,11 @@
-"""The operator's fleet API: list, add, drain, undrain, remove nodes; GPU types."""
+"""The operator's fleet API: list, add, drain, undrain, remove nodes; GPU types and
+their prices."""
 
 import pytest
 
-from apps.fleet.models import Gpu, Node, NodeState
+from apps.accounts.models import APIKey, OperatorAction
+from apps.fleet import operations as fleet_operations
+from apps.fleet.models import Gpu, GpuType, Node, NodeState
 from apps.jobs.models import AttemptState
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.recovery import requeue_attempt
@@ -32,6 +35,7 @@ ENDPOINTS = [
     ("post", "/v1/fleet/nodes/some-node/undrain"),
     ("delete", "/v1/fleet/nodes/some-node"),
     ("get", "/v1/fleet/gpu-types"),
+    ("put", "/v1/fleet/gpu-types/H100"),
 ]
 
 
@@ -280,3 +284,178 @@ def test_gpu_types_with_prices_and_counts(operator):
             "free_gpus": 2,
         },
     ]
+
+
+# Prices: PUT /v1/fleet/gpu-types/{name}, and the admin's GPU type page, both through
+# apps.fleet.operations.set_gpu_type.
+
+
+def _operator_prefix() -> str:
+    return APIKey.objects.get(is_operator=True).prefix
+
+
+def test_an_operator_changes_a_price_recorded_with_before_and_after(operator):
+    response = operator.put("/v1/fleet/gpu-types/H100", {"price_per_gpu_hour": 4_500_000}, "json")
+
+    assert response.status_code == 200, response.json()
+    assert response.json() == {
+        "name": "H100",
+        "memory_gb": 80,
+        "price_per_gpu_hour": 4_500_000,
+        "gpu_count": 0,
+        "free_gpus": 0,
+    }
+    assert GpuType.objects.get(pk="H100").price_per_gpu_hour == 4_500_000
+    [row] = OperatorAction.objects.filter(action="gpu_type.update")
+    assert row.actor == f"api:{_operator_prefix()}"
+    assert (row.target_type, row.target_id) == ("gpu_type", "H100")
+    assert row.before == {"memory_gb": 80, "price_per_gpu_hour": H100_PRICE}
+    assert row.after == {"memory_gb": 80, "price_per_gpu_hour": 4_500_000}
+
+
+def test_a_new_price_applies_to_placements_from_now_on(operator):
+    NodeFactory(gpus=2)
+    placed_before = JobFactory()
+    run_dispatch_tick()
+
+    operator.put("/v1/fleet/gpu-types/H100", {"price_per_gpu_hour": 5_000_000}, "json")
+    placed_after = JobFactory()
+    run_dispatch_tick()
+
+    assert live_attempt(placed_before).price_per_gpu_hour == H100_PRICE
+    assert live_attempt(placed_after).price_per_gpu_hour == 5_000_000
+
+
+def test_setting_the_price_a_type_has_already_answers_200_and_records_nothing(operator):
+    body = {"memory_gb": 80, "price_per_gpu_hour": H100_PRICE}
+
+    response = operator.put("/v1/fleet/gpu-types/H100", body, "json")
+
+    assert response.status_code == 200
+    assert not OperatorAction.objects.filter(action="gpu_type.update").exists()
+
+
+def test_an_operator_adds_a_gpu_type_with_its_memory(operator):
+    response = operator.put(
+        "/v1/fleet/gpu-types/L40S", {"memory_gb": 48, "price_per_gpu_hour": 1_800_000}, "json"
+    )
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["name"] == "L40S" and response.json()["memory_gb"] == 48
+    assert GpuType.objects.get(pk="L40S").price_per_gpu_hour == 1_800_000
+    [row] = OperatorAction.objects.filter(action="gpu_type.update", target_id="L40S")
+    assert row.before == {} and row.after == {"memory_gb": 48, "price_per_gpu_hour": 1_800_000}
+    # Nodes can have its GPUs at once.
+    added = operator.post(
+        "/v1/fleet/nodes", {"name": unique_name("l40s"), "gpus": [{"type": "L40S"}]}, "json"
+    )
+    assert added.status_code == 201
+
+
+def test_a_new_gpu_type_without_its_memory_is_400_and_not_created(operator):
+    response = operator.put("/v1/fleet/gpu-types/L40S", {"price_per_gpu_hour": 1}, "json")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] == "memory_gb"
+    assert not GpuType.objects.filter(pk="L40S").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "field"),
+    [
+        ("H100", {"price_per_gpu_hour": -1}, "price_per_gpu_hour"),
+        ("H100", {"price_per_gpu_hour": 2**70}, "price_per_gpu_hour"),
+        ("H100", {"price_per_gpu_hour": 2**63 - 1}, "price_per_gpu_hour"),
+        ("H100", {"price_per_gpu_hour": "4500000"}, "price_per_gpu_hour"),
+        ("H100", {"price_per_gpu_hour": 4.5}, "price_per_gpu_hour"),
+        ("H100", {"price_per_gpu_hour": True}, "price_per_gpu_hour"),
+        ("H100", {"price_per_gpu_hour": None}, "price_per_gpu_hour"),
+        ("H100", {}, "price_per_gpu_hour"),
+        ("H100", {"memory_gb": 0, "price_per_gpu_hour": 1}, "memory_gb"),
+        ("H100", {"memory_gb": 2**70, "price_per_gpu_hour": 1}, "memory_gb"),
+        ("H100", {"memory_gb": "80", "price_per_gpu_hour": 1}, "memory_gb"),
+        ("X" * 33, {"memory_gb": 8, "price_per_gpu_hour": 1}, "name"),
+        ("-dash", {"memory_gb": 8, "price_per_gpu_hour": 1}, "name"),
+        ("a%20b", {"memory_gb": 8, "price_per_gpu_hour": 1}, "name"),
+        ("a%0A", {"memory_gb": 8, "price_per_gpu_hour": 1}, "name"),
+        ("H100%0A", {"memory_gb": 8, "price_per_gpu_hour": 1}, "name"),
+    ],
+)
+def test_bad_gpu_types_are_400_naming_the_field_and_change_nothing(operator, name, body, field):
+    response = operator.put(f"/v1/fleet/gpu-types/{name}", body, "json")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["field"] == field
+    assert GpuType.objects.get(pk="H100").price_per_gpu_hour == H100_PRICE
+    assert set(GpuType.objects.values_list("name", flat=True)) == {"H100", "A100"}
+    assert not OperatorAction.objects.exists()
+
+
+def test_a_type_from_the_fleet_file_keeps_its_name_and_its_price_can_change(operator):
+    GpuType.objects.create(name="RTX 4090", memory_gb=24, price_per_gpu_hour=900_000)
+
+    response = operator.put("/v1/fleet/gpu-types/RTX%204090", {"price_per_gpu_hour": 1}, "json")
+
+    assert response.status_code == 200, response.content
+    assert GpuType.objects.get(pk="RTX 4090").price_per_gpu_hour == 1
+
+
+def test_a_body_that_is_not_a_json_object_is_400(operator):
+    response = operator.put("/v1/fleet/gpu-types/H100", [1, 2], "json")
+
+    assert response.status_code == 400
+    assert GpuType.objects.get(pk="H100").price_per_gpu_hour == H100_PRICE
+
+
+def test_an_org_key_cannot_change_a_price(tenant):
+    response = tenant.put("/v1/fleet/gpu-types/H100", {"price_per_gpu_hour": 1}, "json")
+
+    assert response.status_code == 403
+    assert GpuType.objects.get(pk="H100").price_per_gpu_hour == H100_PRICE
+    assert not OperatorAction.objects.exists()
+
+
+def test_the_admins_price_change_goes_through_the_same_operation(admin_client, monkeypatch):
+    calls = []
+    original = fleet_operations.set_gpu_type
+
+    def spy(**kwargs):
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(fleet_operations, "set_gpu_type", spy)
+
+    response = admin_client.post(
+        "/admin/fleet/gputype/H100/change/", {"memory_gb": 80, "price_per_gpu_hour": 4_200_000}
+    )
+
+    assert response.status_code == 302
+    assert calls == [
+        {
+            "actor": "operator:admin",
+            "name": "H100",
+            "memory_gb": 80,
+            "price_per_gpu_hour": 4_200_000,
+        }
+    ]
+    [row] = OperatorAction.objects.filter(action="gpu_type.update")
+    assert row.actor == "operator:admin"
+    assert row.before == {"memory_gb": 80, "price_per_gpu_hour": H100_PRICE}
+    assert row.after == {"memory_gb": 80, "price_per_gpu_hour": 4_200_000}
+
+
+def test_the_admin_adds_a_gpu_type_and_refuses_a_price_the_fleet_cannot_hold(admin_client):
+    added = admin_client.post(
+        "/admin/fleet/gputype/add/", {"name": "L4", "memory_gb": 24, "price_per_gpu_hour": 700_000}
+    )
+    refused = admin_client.post(
+        "/admin/fleet/gputype/H100/change/", {"memory_gb": 80, "price_per_gpu_hour": 2**62}
+    )
+
+    assert added.status_code == 302
+    assert GpuType.objects.get(pk="L4").memory_gb == 24
+    [row] = OperatorAction.objects.filter(action="gpu_type.update")
+    assert (row.target_id, row.before, row.actor) == ("L4", {}, "operator:admin")
+    assert refused.status_code == 200  # the form again, with the error
+    assert "price_per_gpu_hour" in refused.context["adminform"].form.errors
+    assert GpuType.objects.get(pk="H100").price_per_gpu_hour == H100_PRICE
