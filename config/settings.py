@@ -222,6 +222,9 @@ GANTRY_TIER_AGGREGATE_RATE = {"free": {"rate_per_s": 50.0, "burst": 200}}
 # org does not queue on one bucket or budget row.
 GANTRY_LEDGER_BUCKET_LANES = env.int("GANTRY_LEDGER_BUCKET_LANES", default=16)
 GANTRY_LEDGER_LANE_MIN = env.int("GANTRY_LEDGER_LANE_MIN", default=1_000_000_000)
+# A running job's live usage is captured into the ledger at most this often (and when
+# its hold settles): one capture entry a minute per running job, not one per heartbeat.
+GANTRY_LEDGER_CAPTURE_INTERVAL_S = env.float("GANTRY_LEDGER_CAPTURE_INTERVAL_S", default=60.0)
 # A job's credit hold may be reclaimed by recovery only after max_runtime_s plus this.
 GANTRY_HOLD_QUEUE_ALLOWANCE_S = env.int("GANTRY_HOLD_QUEUE_ALLOWANCE_S", default=24 * 3600)
 # Past this many queued jobs platform-wide, free-tier submissions are shed with a 429.

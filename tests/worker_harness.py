@@ -47,6 +47,8 @@ FAST_SETTINGS = {
     "GANTRY_QUARANTINE_NODES": 2,
     "GANTRY_SCHEDULING_LEASE_S": 30,
     "GANTRY_REPUBLISH_AFTER_S": 1,
+    # A capture every 8 heartbeats (the platform's defaults: every 30, once a minute).
+    "GANTRY_LEDGER_CAPTURE_INTERVAL_S": 2.0,
 }
 
 # A two-node fleet whose queues the workers consume ("node.e2e-h100", "node.e2e-a100").

@@ -17,6 +17,7 @@ from apps.jobs.models import DEFAULT_WEBHOOK_EVENTS, Job, JobEvent, JobStatus
 from apps.jobs.services import results
 from apps.jobs.services.lifecycle import tenant_reason
 from apps.jobs.services.params_schema import generator_params_schema
+from apps.ledger.models import HoldState
 
 
 def iso(value) -> str | None:
@@ -62,7 +63,10 @@ def job_body(job: Job, *, queue_states: dict | None = None) -> dict:
         else {
             "id": str(hold.id),
             "amount": hold.amount,
-            "charged": hold.captured,
+            # Live while the job runs (usage is captured into the ledger once a minute).
+            "charged": hold.captured
+            if hold.state != HoldState.ACTIVE
+            else max(hold.captured, min(hold.usage, hold.amount)),
             "refunded": hold.refunded,
             "state": hold.state,
         },

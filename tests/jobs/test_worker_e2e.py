@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from apps.jobs.models import ExitClass, Job, JobEvent, JobStatus
+from apps.jobs.serializers import job_body
 from apps.jobs.services.cancel import cancel_job
+from apps.ledger.models import Entry
 from tests.jobs.factories import funded_org
 from tests.ledger.assertions import assert_ledger_exact
 from tests.worker_harness import (
@@ -138,4 +140,37 @@ def test_cancel_while_running_charges_only_time_used(beat, workers):
     assert attempt.exit_class == ExitClass.KILLED
     assert 0 < attempt.gpu_ms < steps * step_seconds * 1000
     assert 0 < job.hold.captured < job.hold.amount
+    assert_ledger_exact(job)
+
+
+def test_a_running_job_is_charged_live_and_captured_once_per_interval(beat, workers, settings):
+    # The harness captures every 2 s (8 heartbeats; the platform: a minute, 30).
+    org = funded_org()
+    job = submit_job(org, prompt="a slow fox", steps=40, step_seconds=0.2)  # about 8 s
+    live_ahead_of_ledger = []
+
+    def watch() -> bool:
+        current = Job.objects.select_related("hold").get(pk=job.pk)
+        body = job_body(current)
+        if current.status == JobStatus.RUNNING and current.hold.usage > current.hold.captured:
+            live_ahead_of_ledger.append(body["hold"]["charged"])
+        return current.is_terminal
+
+    beat.until(watch, timeout=60)
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, (job.error_code, job.error_message, workers.logs())
+    assert live_ahead_of_ledger and max(live_ahead_of_ledger) > 0  # the body reads live usage
+    (attempt,) = job.attempts.all()
+    ran_s = (attempt.finished_at - attempt.started_at).total_seconds()
+    interval = settings.GANTRY_LEDGER_CAPTURE_INTERVAL_S
+    captures = (
+        Entry.objects.filter(hold=job.hold, kind="capture", account="captured")
+        .values("txn")
+        .distinct()
+        .count()
+    )
+    # At most one per interval of running, plus the final report's and the settlement's
+    # (a heartbeat every 0.25 s would have made about 4 per interval).
+    assert 1 <= captures <= ran_s / interval + 2, (captures, ran_s)
     assert_ledger_exact(job)

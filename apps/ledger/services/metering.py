@@ -1,10 +1,16 @@
 """Metering: cumulative usage reports captured against a hold's allocations.
 
-Heartbeats touch only per-hold rows (the hold, its usage marks and allocations) and
-append entries: a capture moves credit from the bucket's `held` account to its
-`captured` account, both cached in Bucket.held, so no bucket row is written until the
-hold settles. The same code meters one report (meter) and a batch of thousands
-(fold_usage_reports) with a fixed number of statements per batch.
+Heartbeats touch only per-hold rows (the hold and its usage marks): a report raises the
+hold's live `usage` at once. Capturing that usage into the ledger (entries moving credit
+from the bucket's `held` account to its `captured` account, both cached in Bucket.held,
+so no bucket row is written until the hold settles) happens at most once per
+GANTRY_LEDGER_CAPTURE_INTERVAL_S per hold, and at settlement: a running job adds about
+one capture entry a minute instead of one per heartbeat fold. `metered_at` is the
+instant the hold's usage was last captured (the start of the next capture's window).
+Nothing that guards money waits for a capture: the hold's amount is held from the
+reservation on (balances and budgets count it whole), and headroom is what the hold
+can still take after its live usage. The same code meters one report (meter) and a
+batch of thousands (fold_usage_reports) with a fixed number of statements per batch.
 """
 
 # SQL here is composed only of this package's own constant fragments; values are
@@ -78,10 +84,11 @@ def meter(hold, *, cumulative_usage: int, seq: int, attempt_key: str = "") -> Me
 
     Idempotent and monotonic per (hold, attempt_key): a report applies only if both its
     seq and its cumulative exceed the last applied ones, so duplicated or reordered
-    reports change nothing. The hold's usage is the sum over attempts; what is new is
-    captured against the allocations in spend order, never from a bucket for usage
-    accrued at or after its expiry, and never beyond the hold's amount (the rest is
-    reported as overrun). `would_run_out` tells the caller to extend or stop the job.
+    reports change nothing. The hold's usage is the sum over attempts, live at once;
+    it is captured against the allocations (at most once per capture interval, see the
+    module docstring) in spend order, never from a bucket for usage accrued at or after
+    its expiry, and never beyond the hold's amount (the rest is reported as overrun).
+    `would_run_out` tells the caller to extend or stop the job.
     """
     validate_report(cumulative_usage=cumulative_usage, seq=seq, attempt_key=attempt_key)
     report = UsageReport(hold.pk, attempt_key, cumulative_usage, seq)
@@ -256,8 +263,13 @@ def apply_usage(
         tx, active, [r for k, r in latest.items() if k[0] in active], changes, marks=marks
     )
 
-    # A duplicate or stale report changes nothing, not even a pending capture.
-    capturing = set(active) if capture_backlog else changed
+    # A duplicate or stale report changes nothing, not even a pending capture. A new one
+    # is captured once the hold's last capture is an interval old.
+    if capture_backlog:
+        capturing = set(active)
+    else:
+        interval = ledger_setting("CAPTURE_INTERVAL_S", 60.0)
+        capturing = {hid for hid in changed if _capture_due(active[hid], now, interval)}
     if slots is None:
         slots = slots_of(tx, {hid for hid, _ in latest if hid in active} | capturing)
     for hid in sorted(capturing):
@@ -268,7 +280,7 @@ def apply_usage(
     for hid in changed | capturing:
         hold = active[hid]
         changes.hold(hid, usage=hold.usage, captured=hold.captured)
-        if hid in changed:
+        if hid in capturing:
             changes.hold(hid, metered_at=now)
     if own:
         changes.flush(tx)
@@ -277,7 +289,12 @@ def apply_usage(
     fraction = ledger_setting("LOW_HEADROOM_FRACTION", 0.1)
     for hid, hold in holds.items():
         room = headroom(slots.get(hid, []), now=now) if hid in active else 0
-        overrun = hold.usage - hold.captured
+        uncaptured = hold.usage - hold.captured
+        if hid in capturing or hid not in active:
+            overrun = uncaptured  # captured what it could: the rest found no room
+        else:  # the live usage not yet captured takes room first
+            overrun = max(0, uncaptured - room)
+            room = max(0, room - uncaptured)
         results[hid] = MeterResult(
             hold_id=hid,
             applied=hid in changed,
@@ -293,6 +310,13 @@ def apply_usage(
             ),
         )
     return results
+
+
+def _capture_due(hold: LockedHold, now: datetime, interval: float) -> bool:
+    """Whether the hold's live usage is due to be captured: its last capture (or its
+    creation) is at least `interval` seconds old."""
+    since = hold.metered_at or hold.created_at
+    return (now - since).total_seconds() >= interval
 
 
 def _capture(hold: LockedHold, due: int, slots: dict, changes: Changes, *, now) -> None:
