@@ -34,3 +34,37 @@ clean:
 
 demo: $(STAMP)
 	$(PY) scripts/stack.py demo
+
+# `make bench`: every benchmark under bench/, one after another (a few minutes on 2 cores
+# with these short settings), each one's output also written to artifacts/bench/<name>.txt.
+# Against DATABASE_URL / REDIS_URL when set, else embedded servers (scripts/stack.py run).
+#   CPUS=0,1          pin the whole run: the launcher under `taskset` (so the embedded
+#                     PostgreSQL and Valkey it starts), and each benchmark with --cpus
+#                     (its clients and the servers it starts); servers started by others
+#                     are not pinned, and each benchmark's header says so
+#   BENCHES=api       run only these (default: all five)
+#   BENCH_ARGS=...    appended to every benchmark's arguments (with several benchmarks,
+#                     only options all of them take; with one, any of its options, which
+#                     override the short settings below)
+#   BENCH_ARGS_<name> replace one benchmark's short settings (the defaults of each script
+#                     are the longer runs quoted in docs/performance.md)
+CPUS ?=
+BENCH_ARGS ?=
+BENCHES ?= scheduler dispatch ledger api stream
+BENCH_ARGS_scheduler ?= --queued 10000 100000 --repeat 3
+BENCH_ARGS_dispatch ?= --queued 10000 100000 --no-apply
+BENCH_ARGS_ledger ?= --seconds 5 --warm-up 2
+BENCH_ARGS_api ?= --duration 10 --warmup 2
+BENCH_ARGS_stream ?= --duration 5 --warmup 2 --probes 100
+
+define bench_one
+	set -o pipefail; $(if $(CPUS),taskset -c $(CPUS) )$(PY) scripts/stack.py run -- \
+	python bench/$(1).py $(BENCH_ARGS_$(1)) $(if $(CPUS),--cpus $(CPUS)) $(BENCH_ARGS) 2>&1 \
+	| tee artifacts/bench/$(1).txt
+
+endef
+
+bench: SHELL := /bin/bash
+bench: $(STAMP)
+	mkdir -p artifacts/bench
+	$(foreach name,$(BENCHES),$(call bench_one,$(name)))

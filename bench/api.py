@@ -33,6 +33,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from _common import add_cpus_argument, begin_run
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCRATCH_DB = "gantry_bench"
@@ -267,8 +269,13 @@ for n in range(ORGS):
 """
 
 
+def database_url() -> str:
+    """The server the scratch database is made on (DATABASE_URL's)."""
+    return os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
+
+
 def start_scratch_server(args) -> tuple[subprocess.Popen, dict]:
-    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry")
+    base = database_url()
     recreate_database(base)
     env = dict(os.environ)
     env.update(
@@ -364,15 +371,30 @@ def main(argv=None) -> int:
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    add_cpus_argument(parser)
     args = parser.parse_args(argv)
 
     server = None
     if args.url:
         if not args.key:
             parser.error("--url needs --key")
+        begin_run(
+            "bench/api.py",
+            args.cpus,
+            started_here=f"{args.processes} client processes (the server at {args.url} is "
+            "not started here: not pinned by this benchmark)",
+        )
         keys, project = args.key, args.project
     else:
         args.orgs = args.orgs or args.processes * args.threads
+        begin_run(
+            "bench/api.py",
+            args.cpus,
+            started_here=f"gunicorn (master and {args.server_workers} workers), "
+            f"{args.processes} client processes, migrate and setup",
+            database_url=database_url(),
+            redis_url=args.redis_url,
+        )
         server, info = start_scratch_server(args)
         keys, project = info["keys"], info["project"]
     try:
@@ -399,10 +421,7 @@ def main(argv=None) -> int:
         if server is not None:
             stop_server(server)
             if not args.keep:
-                recreate_database(
-                    os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry"),
-                    drop_only=True,
-                )
+                recreate_database(database_url(), drop_only=True)
     for name, result in (("POST /v1/jobs", submit), ("GET /healthz", health)):
         print(
             f"{name:14s} {result['ok_per_s']:8.1f} ok/s  p50 {result['p50_ms']:6.1f} ms  "

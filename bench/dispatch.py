@@ -33,6 +33,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("GANTRY_LOG_LEVEL", "WARNING")
 
 import django  # noqa: E402
+from _common import add_cpus_argument, begin_run  # noqa: E402
 
 BENCH_DB = f"test_gantry_bench_dispatch_{os.getpid()}"
 TIERS = (("enterprise", 0.1), ("paid", 0.3), ("free", 0.6))
@@ -170,7 +171,15 @@ def main(argv=None) -> int:
         help="read and decide only (one tick per size; applying a first tick on a large "
         "empty fleet takes minutes)",
     )
+    add_cpus_argument(parser)
     args = parser.parse_args(argv)
+    begin_run(
+        "bench/dispatch.py",
+        args.cpus,
+        started_here="none (the tick runs in this process)",
+        database_url=os.environ.get("DATABASE_URL"),
+        redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    )
 
     setup_django()
     from django.db import connection

@@ -33,6 +33,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("GANTRY_LOG_LEVEL", "WARNING")
 
 import django  # noqa: E402
+from _common import add_cpus_argument, begin_run  # noqa: E402
 
 CREDIT = 1_000_000
 BENCH_DB = f"test_gantry_bench_{os.getpid()}"
@@ -366,7 +367,16 @@ def main() -> int:
     parser.add_argument("--reporter-processes", type=int, default=4)
     parser.add_argument("--reporter-threads", type=int, default=8)
     parser.add_argument("--no-budgets", action="store_true", help="orgs without a budget")
+    add_cpus_argument(parser)
     args = parser.parse_args()
+    begin_run(
+        "bench/ledger.py",
+        args.cpus,
+        started_here=f"{args.client_processes} client processes, "
+        f"{args.reporter_processes} reporter processes, pgbench (its backends are the server's)",
+        database_url=os.environ.get("DATABASE_URL"),
+        redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    )
 
     setup_django()
     from django.db import connection

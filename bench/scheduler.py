@@ -43,6 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _common import add_cpus_argument, begin_run
+
 from apps.scheduler.policy import (
     TIERS,
     CapacityIndex,
@@ -224,7 +226,11 @@ def main(argv=None) -> int:
         default=defaults.queue_window_jobs,
         help="queue_window_jobs: jobs a round looks at, shared max-min between users",
     )
+    add_cpus_argument(parser)
     args = parser.parse_args(argv)
+    begin_run(
+        "bench/scheduler.py", args.cpus, started_here="none (the policy runs in this process)"
+    )
 
     config = PolicyConfig(queue_depth_per_user=args.depth, queue_window_jobs=args.window)
     fleet, running = build_fleet(args.nodes, busy_share=args.busy, seed=args.seed)

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import api as api_bench
+from _common import add_cpus_argument, begin_run
 
 
 def rss_kib(pids: list[int]) -> int:
@@ -145,7 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     )
+    add_cpus_argument(parser)
     args = parser.parse_args(argv)
+    begin_run(
+        "bench/stream.py",
+        args.cpus,
+        started_here=f"gunicorn (master and {args.server_workers} workers), "
+        f"{args.processes} client processes, the stream holder, migrate and setup",
+        database_url=api_bench.database_url(),
+        redis_url=args.redis_url,
+    )
     args.url, args.keep, args.worker_class = (
         None,
         False,
@@ -193,10 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if holder is not None and holder.is_alive():
             holder.kill()
         api_bench.stop_server(server)
-        api_bench.recreate_database(
-            os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gantry"),
-            drop_only=True,
-        )
+        api_bench.recreate_database(api_bench.database_url(), drop_only=True)
     seen = {job: t for job, status, t in arrivals if status == "cancelled"}
     latencies = sorted((seen[j] - sent[j]) * 1000 for j in probes if j in seen)
     runs = (
