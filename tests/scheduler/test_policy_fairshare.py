@@ -22,7 +22,9 @@ def test_fair_shares_follow_org_weights():
 
 
 def test_tier_weights_split_an_empty_fleet():
-    config = PolicyConfig(tier_floors=NO_FLOORS)
+    config = PolicyConfig(
+        tier_floors=NO_FLOORS, tier_weights={"enterprise": 6.0, "paid": 3.0, "free": 1.0}
+    )
     nodes = [node("n0", gpus=5), node("n1", gpus=5)]  # 10 GPUs, weights 6:3:1
     queue = [
         job(f"{tier}{i}", tier=tier, org=tier, submitted_at=i)
@@ -52,12 +54,49 @@ def test_an_org_that_used_more_recently_goes_after_one_that_did_not():
     assert [d.job_id for d in decisions] == ["l"]
 
 
+def test_orgs_entitled_to_all_they_want_are_served_oldest_first():
+    # Four GPUs: paid org "a" runs one and queues the oldest job, paid org "b" queues a
+    # younger one, a free org holds two, one is free. Paid is entitled to the three its
+    # orgs want, so both orgs' entitlements cover all they want: the older job goes
+    # first, as strict priority would serve the tier; by fair share alone "b" (holding
+    # nothing) would.
+    fleet = [node("n0", gpus=4)]
+    running = [allocation("a-run", fleet[0], [0], tier="paid", org="a")]
+    running.append(allocation("c-run", fleet[0], [1, 2], tier="free", org="c"))
+    queue = [
+        job("b-new", tier="paid", org="b", submitted_at=8.0),
+        job("a-old", tier="paid", org="a", submitted_at=2.0),
+    ]
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+    assert [d.job_id for d in decisions] == ["a-old"]
+    fair_only = PolicyConfig(within_tier_fifo=False)
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=fair_only))
+    assert [d.job_id for d in decisions] == ["b-new"]
+
+
+def test_an_org_wanting_more_than_its_entitlement_waits_behind_the_orgs_within_theirs():
+    # A flood: the flooder holds one of four GPUs, less than its share, but queues twenty
+    # jobs, all older than the other enterprise org's one; a free org holds two, one is
+    # free. Served FIFO, the flood's backlog would always come first; the other org,
+    # entitled to all it wants, gets the GPU.
+    fleet = [node("n0", gpus=4)]
+    running = [allocation("f-run", fleet[0], [0], tier="enterprise", org="flooder")]
+    running.append(allocation("c-run", fleet[0], [1, 2], tier="free", org="c"))
+    queue = [
+        job(f"f{i}", tier="enterprise", org="flooder", submitted_at=float(i)) for i in range(20)
+    ]
+    queue.append(job("other", tier="enterprise", org="other", submitted_at=50.0))
+    decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
+    assert [d.job_id for d in decisions if isinstance(d, Place)] == ["other"]
+
+
 def test_aging_lifts_a_starved_free_job():
-    # The busy org has used a lot lately; its job has been waiting for three hours. The
-    # idle-ish org's job just arrived. Without aging the fresh job would win the GPU.
+    # Both orgs have used more than their entitlement (one GPU each) lately, so they are
+    # ordered by fair share, not FIFO. The busy org's job has been waiting for three
+    # hours; the calmer org's job just arrived. Without aging the fresh job would win.
     usage = UsageSnapshot(
-        by_org={"busy": 3600.0, "calm": 600.0},
-        by_user={("busy", "user"): 3600.0, ("calm", "user"): 600.0},
+        by_org={"busy": 7200.0, "calm": 3000.0},
+        by_user={("busy", "user"): 7200.0, ("calm", "user"): 3000.0},
     )
     now = 3 * 3600.0
     queue = [

@@ -15,10 +15,10 @@ best-fit, reservations and backfill, `preemption.py` for victims and entitlement
 """
 
 from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig
-from .fairshare import FairShareQueue, Pick, RunningGpus
+from .fairshare import FairShareQueue, Pick, RunningGpus, water_fill
 from .placement import CapacityIndex, Pool, Reservation
 from .policy import schedule, schedule_round
-from .preemption import VictimFinder, is_victim_candidate, water_fill, work_lost_gpu_seconds
+from .preemption import VictimFinder, is_victim_candidate, work_lost_gpu_seconds
 from .snapshot import (
     ClusterSnapshot,
     Decision,

@@ -18,6 +18,11 @@ At each level the child with the lowest *priority key* goes next:
   decayed usage shrink, which lifts it too.
 - A tier holding less than its guaranteed floor is served before any tier at or above
   its own floor.
+- Within a tier (`PolicyConfig.within_tier_fifo`), orgs whose entitlement
+  (`Entitlements`: max-min, by weight, capped by demand) covers all they want and what
+  they used lately go first, oldest job first, as strict priority would serve the
+  tier; the keys above order only the orgs that want more than their share. Fair share
+  then costs the tier's job waits nothing until some org wants more than its share.
 - Within a user, jobs are offered oldest first (FIFO; ties in snapshot order); a younger job that
   fits may still start while an older one cannot (backfill, which reservations keep
   from delaying the older one).
@@ -50,6 +55,7 @@ class RunningGpus:
     by_tier: dict[str, int] = field(default_factory=dict)
     by_org: dict[str, int] = field(default_factory=dict)
     by_user: dict[tuple[str, str], int] = field(default_factory=dict)
+    by_tier_org: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, allocations: Iterable[RunningAllocation]) -> RunningGpus:
@@ -57,6 +63,7 @@ class RunningGpus:
         by_tier: dict[str, int] = {}
         by_org: dict[str, int] = {}
         by_user: dict[tuple[str, str], int] = {}
+        by_tier_org: dict[tuple[str, str], int] = {}
         for allocation in allocations:
             if allocation.stopping:
                 continue
@@ -66,13 +73,68 @@ class RunningGpus:
             by_org[org] = by_org.get(org, 0) + gpus
             key = (org, allocation.user)
             by_user[key] = by_user.get(key, 0) + gpus
-        return cls(by_tier=by_tier, by_org=by_org, by_user=by_user)
+            key = (tier, org)
+            by_tier_org[key] = by_tier_org.get(key, 0) + gpus
+        return cls(by_tier=by_tier, by_org=by_org, by_user=by_user, by_tier_org=by_tier_org)
 
     def add(self, tier: str, org: str, user: str, gpus: int) -> None:
         self.by_tier[tier] = self.by_tier.get(tier, 0) + gpus
         self.by_org[org] = self.by_org.get(org, 0) + gpus
         key = (org, user)
         self.by_user[key] = self.by_user.get(key, 0) + gpus
+        key = (tier, org)
+        self.by_tier_org[key] = self.by_tier_org.get(key, 0) + gpus
+
+
+@dataclass(slots=True)
+class Entitlements:
+    """What each tier and org is entitled to now, in GPUs (max-min fair shares).
+
+    - `tier`: the fleet divided over tiers by tier weight, floors and ceilings, each
+      capped by its demand (GPUs held + queued);
+    - `org`: each tier's share divided over its orgs by org weight, capped by demand;
+    - `weighted`: each org's weight share of its tier's, whatever it wants.
+
+    Orgs are keyed (tier, org): an org has one tier, but a snapshot may say otherwise
+    (a tier changed while its jobs ran), and the figures must not depend on order.
+    """
+
+    tier: dict[str, float]
+    org: dict[tuple[str, str], float]
+    weighted: dict[tuple[str, str], float]
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        capacity: int,
+        config: PolicyConfig,
+        org_weights: Mapping[str, float],
+        running: RunningGpus,
+        queued_gpus_by_org: Mapping[tuple[str, str], int],
+    ) -> Entitlements:
+        demand: dict[tuple[str, str], float] = dict(running.by_tier_org)
+        for key, gpus in queued_gpus_by_org.items():
+            demand[key] = demand.get(key, 0) + gpus
+        demand_by_tier: dict[str, dict[tuple[str, str], float]] = {}
+        for key, gpus in demand.items():
+            demand_by_tier.setdefault(key[0], {})[key] = gpus
+        tier_share = water_fill(
+            capacity,
+            {tier: sum(sorted(demand_by_tier.get(tier, {}).values())) for tier in TIERS},
+            config.tier_weights,
+            floors={t: config.tier_floors[t] * capacity for t in TIERS},
+            ceilings={t: config.tier_ceilings[t] * capacity for t in TIERS},
+        )
+        entitled: dict[tuple[str, str], float] = {}
+        weighted: dict[tuple[str, str], float] = {}
+        for tier, orgs in demand_by_tier.items():
+            weights = {key: org_weights.get(key[1], 1.0) for key in orgs}
+            entitled.update(water_fill(tier_share[tier], orgs, weights))
+            total_weight = sum(sorted(weights.values()))
+            for key, weight in weights.items():
+                weighted[key] = tier_share[tier] * weight / total_weight
+        return cls(tier=tier_share, org=entitled, weighted=weighted)
 
 
 class _User:
@@ -91,6 +153,8 @@ class _Org:
     __slots__ = (
         "age_version",
         "fair",
+        "fifo",
+        "lately",
         "load",
         "name",
         "oldest",
@@ -111,6 +175,8 @@ class _Org:
         self.users_by_age: list[tuple] = []
         self.load = 0.0
         self.fair = 1.0
+        self.lately = 0.0  # its decayed past usage, in GPUs held on average
+        self.fifo = False  # served oldest first among such orgs (`within_tier_fifo`)
         self.oldest = math.inf  # submission time of its users' oldest queued job
         self.version = 0  # of its entry in its tier's heap by key
         self.age_version = 0  # of its entry in its tier's heap by age
@@ -212,6 +278,7 @@ class FairShareQueue:
         self._aging = config.aging_shares_per_hour / 3600.0
         self._tier_aging = config.tier_aging_shares_per_hour / 3600.0
         self._blend = config.running_weight
+        self._within_tier_fifo = config.within_tier_fifo
         self._half_life = config.usage_half_life_s
         self._running_by_tier = dict(running.by_tier)
         self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
@@ -317,6 +384,13 @@ class FairShareQueue:
             if oldest_unclaimed < math.inf:
                 self.oldest_unclaimed[tier_name] = oldest_unclaimed
 
+        self.entitlements = Entitlements.of(
+            capacity=capacity_gpus,
+            config=config,
+            org_weights=org_weights,
+            running=running,
+            queued_gpus_by_org=self.queued_gpus_by_org,
+        )
         tier_weight_total = sum(t.weight for t in self._tiers.values())
         for tier in self._tiers.values():
             tier.fair = self._capacity * tier.weight / tier_weight_total
@@ -326,7 +400,11 @@ class FairShareQueue:
             for org in tier.orgs.values():
                 org_name = org.name
                 org.fair = tier.fair * org.weight / org_weight_total
-                org.load = self._load(running.by_org.get(org_name, 0), usage.by_org, org_name)
+                held = running.by_org.get(org_name, 0)
+                org.lately = equivalent_gpus(usage.by_org.get(org_name, 0.0), self._half_life)
+                org.load = self._blend * held + (1.0 - self._blend) * org.lately
+                if self._within_tier_fifo:
+                    org.fifo = self._entitled_to_all(tier.name, org, running)
                 user_fair = org.fair / len(org.users)
                 users_by_key, users_by_age = org.users_by_key, org.users_by_age
                 oldest = math.inf
@@ -357,6 +435,16 @@ class FairShareQueue:
             heapq.heapify(orgs_by_key)
             heapq.heapify(orgs_by_age)
 
+    def _entitled_to_all(self, tier: str, org: _Org, running: RunningGpus) -> bool:
+        """Whether the org's max-min entitlement covers all it wants (held + queued) and
+        what it used lately: then it is served FIFO with the other such orgs. An org
+        wanting more than its share (a flood, a heavy tenant's burst) is not, whatever
+        it holds now: its old backlog would otherwise always come first."""
+        key = (tier, org.name)
+        entitled = self.entitlements.org.get(key, 0.0) + 1e-9  # float sums: a margin
+        wanted = running.by_tier_org.get(key, 0) + self.queued_gpus_by_org.get(key, 0)
+        return wanted <= entitled and org.lately <= entitled
+
     # -- keys --------------------------------------------------------------------------
 
     def _load(self, running_gpus: float, decayed: Mapping, key) -> float:
@@ -368,7 +456,9 @@ class FairShareQueue:
 
     def _org_key(self, org: _Org) -> tuple:
         oldest = org.oldest
-        return (self._aged(org.load / org.fair, oldest, self._aging), oldest)
+        if org.fifo:
+            return (0, oldest, oldest)
+        return (1, self._aged(org.load / org.fair, oldest, self._aging), oldest)
 
     def _tier_key(self, tier: _Tier) -> tuple:
         oldest = _oldest_org(tier).oldest
@@ -519,6 +609,46 @@ class FairShareQueue:
 
 _FIFO_ORDER = attrgetter("submitted_at")  # the sort is stable: ties keep snapshot order
 _GPU_COUNT = attrgetter("gpu_count")
+
+
+def water_fill(
+    capacity: float,
+    demands: Mapping[str, float],
+    weights: Mapping[str, float],
+    floors: Mapping[str, float] | None = None,
+    ceilings: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Max-min fair division of `capacity` by `weights`, capped by demand and ceilings.
+
+    Nobody gets more than it asks for; what a satisfied claimant leaves is shared among
+    the rest in proportion to their weights. Afterwards each claimant is raised to its
+    floor (capped by its demand)."""
+    caps = {
+        key: min(demand, ceilings.get(key, demand) if ceilings else demand)
+        for key, demand in demands.items()
+    }
+    share = dict.fromkeys(demands, 0.0)
+    # Claimants in order of how soon they saturate (cap per unit of weight): each one
+    # either takes its cap or, with everyone after it, the level left. O(n log n).
+    open_keys = sorted((cap / weights.get(key, 1.0), key) for key, cap in caps.items() if cap > 0)
+    remaining = capacity
+    weight_left = sum(weights.get(key, 1.0) for _, key in open_keys)
+    for position, (per_weight, key) in enumerate(open_keys):
+        if remaining <= 1e-9 or weight_left <= 0:
+            break
+        level = remaining / weight_left
+        if per_weight <= level + 1e-12:
+            share[key] = caps[key]
+            remaining -= caps[key]
+            weight_left -= weights.get(key, 1.0)
+            continue
+        for _, rest in open_keys[position:]:
+            share[rest] = level * weights.get(rest, 1.0)
+        break
+    if floors:
+        for key in share:
+            share[key] = max(share[key], min(caps[key], floors.get(key, 0.0)))
+    return share
 
 
 def _mixed(group: list[QueuedJob], tier: str, org: str) -> bool:

@@ -46,7 +46,7 @@ from .config import TIER_RANK, TIERS
 from .estimate import estimate, free_times, typical_end
 from .fairshare import FairShareQueue, Pick, RunningGpus
 from .placement import CapacityIndex, Pool, Reservation
-from .preemption import VictimChoice, VictimFinder, water_fill
+from .preemption import VictimChoice, VictimFinder
 from .snapshot import (
     ClusterSnapshot,
     Decision,
@@ -123,9 +123,6 @@ class _DispatchRound:
         self.fits_soon: set[tuple] = set()  # (types, count) that need no preemption
         self.victims = VictimFinder(self.index, self.now, self.config)
         self.queue: FairShareQueue | None = None
-        self._org_entitlement: dict[str, float] | None = None
-        self._tier_share: dict[str, float] = {}
-        self._weighted_share: dict[str, float] = {}  # org -> weight share of its tier's
         # Why a looked-at job was not placed: job id -> (reason, public reason); and the
         # order in which the round served jobs (for positions and start estimates).
         self.why: dict = {}
@@ -467,9 +464,9 @@ class _DispatchRound:
         if sum(self.drains_by_tier.values()) >= self.drain_budget:
             return False
         if self._drain_quota is None:
-            self._entitlement("")  # computes the tier shares as well
+            tier_share = self.queue.entitlements.tier
             self._drain_quota = {
-                t: max(1, math.ceil(self.drain_budget * self._tier_share[t] / self.capacity))
+                t: max(1, math.ceil(self.drain_budget * tier_share[t] / self.capacity))
                 for t in TIERS
             }
         return self.drains_by_tier.get(tier, 0) < self._drain_quota[tier]
@@ -586,7 +583,7 @@ class _DispatchRound:
         if victims_key in self.no_victims or (types, job.gpu_count) in self.fits_soon:
             return False
         held = self.running.by_org.get(job.org, 0) + self.pending_claims_by_org.get(job.org, 0)
-        if held >= self._entitlement(job.org) - 1e-9:
+        if held >= self._entitlement(job.tier, job.org) - 1e-9:
             return False  # its org already holds its fair share: wait, do not take
         job_rank = TIER_RANK[job.tier]
         soon = self.now + self.config.preemption_grace_s
@@ -728,47 +725,9 @@ class _DispatchRound:
 
     # -- entitlements ------------------------------------------------------------------
 
-    def _entitlement(self, org: str) -> float:
+    def _entitlement(self, tier: str, org: str) -> float:
         """The org's max-min fair share of the fleet in GPUs (computed once per round)."""
-        if self._org_entitlement is None:
-            self._org_entitlement = self._compute_entitlements()
-        return self._org_entitlement.get(org, 0.0)
-
-    def _compute_entitlements(self) -> dict[str, float]:
-        """Water-fill the fleet over tiers (weights, floors, ceilings), then each tier's
-        share over its orgs (org weights), capped by what each holds plus queues."""
-        org_tier: dict[str, str] = {}
-        org_demand: dict[str, float] = {}
-        for allocation in self.snapshot.running:
-            if not allocation.stopping:
-                org_tier.setdefault(allocation.org, allocation.tier)
-                org_demand[allocation.org] = (
-                    org_demand.get(allocation.org, 0) + allocation.gpu_count
-                )
-        for (tier, org), gpus in self.queue.queued_gpus_by_org.items():
-            org_tier.setdefault(org, tier)
-            org_demand[org] = org_demand.get(org, 0) + gpus
-        tier_demand = dict.fromkeys(TIERS, 0.0)
-        for org, demand in org_demand.items():
-            tier_demand[org_tier[org]] = tier_demand.get(org_tier[org], 0.0) + demand
-        tier_share = self._tier_share = water_fill(
-            self.capacity,
-            tier_demand,
-            self.config.tier_weights,
-            floors=self.floor_gpus,
-            ceilings=self.ceiling_gpus,
-        )
-        weights = self.snapshot.org_weights
-        entitlement: dict[str, float] = {}
-        for tier in TIERS:
-            orgs = {org: d for org, d in org_demand.items() if org_tier[org] == tier}
-            if orgs:
-                org_weights = {org: weights.get(org, 1.0) for org in orgs}
-                entitlement.update(water_fill(tier_share[tier], orgs, org_weights))
-                total_weight = sum(org_weights.values())
-                for org, weight in org_weights.items():
-                    self._weighted_share[org] = tier_share[tier] * weight / total_weight
-        return entitlement
+        return self.queue.entitlements.org.get((tier, org), 0.0)
 
     def _may_take_from_same_tier(self, job: QueuedJob, victim) -> bool:
         """Whether `job` may preempt `victim`, of its own tier: only to take back from an
@@ -777,14 +736,13 @@ class _DispatchRound:
         others of its tier; orgs near their shares never preempt each other)."""
         if victim.org == job.org:
             return False
-        self._entitlement(job.org)  # computes the weighted shares as well
+        weighted = self.queue.entitlements.weighted
         held = self.running.by_org
         factor = self.config.same_tier_preemption_factor
-        return held.get(victim.org, 0) > factor * self._weighted_share.get(
-            victim.org, 0.0
-        ) and held.get(job.org, 0) + self.pending_claims_by_org.get(
-            job.org, 0
-        ) < self._weighted_share.get(job.org, 0.0)
+        victim_share = weighted.get((victim.tier, victim.org), 0.0)
+        own_share = weighted.get((job.tier, job.org), 0.0)
+        claimed = held.get(job.org, 0) + self.pending_claims_by_org.get(job.org, 0)
+        return held.get(victim.org, 0) > factor * victim_share and claimed < own_share
 
 
 def _types_phrase(types) -> str:
