@@ -254,6 +254,10 @@ GANTRY_S3_BUCKET = env.str("GANTRY_S3_BUCKET", default="")
 GANTRY_S3_PREFIX = env.str("GANTRY_S3_PREFIX", default="results/")
 GANTRY_S3_ENDPOINT_URL = env.str("GANTRY_S3_ENDPOINT_URL", default="")
 GANTRY_S3_REGION = env.str("GANTRY_S3_REGION", default="")
+# Checkpoints: "" (as GANTRY_RESULT_STORAGE), "filesystem" (GANTRY_CHECKPOINT_ROOT, shared
+# by every node) or "s3" (GANTRY_S3_BUCKET under this prefix; apps/jobs/services/checkpoints.py).
+GANTRY_CHECKPOINT_STORAGE = env.str("GANTRY_CHECKPOINT_STORAGE", default="")
+GANTRY_S3_CHECKPOINT_PREFIX = env.str("GANTRY_S3_CHECKPOINT_PREFIX", default="checkpoints/")
 
 # --- Worker pools (the black-box runner and recovery) ---------------------------------
 # The generator binary; gets --params/--output-dir/--checkpoint-dir [--resume] (docs/api.md).
@@ -272,8 +276,9 @@ GANTRY_GENERATOR_PARAMS_SCHEMA = env.str(
 GANTRY_SCRATCH_ROOT = Path(
     env.str("GANTRY_SCRATCH_ROOT", default=str(BASE_DIR / ".data" / "scratch"))
 )
-# Checkpoints live in MEDIA_ROOT/checkpoints/<job id>: a filesystem every node shares,
-# so a retry or resume on another node finds them.
+# Checkpoints on the filesystem backend live in MEDIA_ROOT/checkpoints/<job id>: a
+# filesystem every node shares, so a retry or resume on another node finds them (with
+# GANTRY_CHECKPOINT_STORAGE s3 the object store holds them instead).
 GANTRY_CHECKPOINT_ROOT = MEDIA_ROOT / "checkpoints"
 GANTRY_HEARTBEAT_S = env.float("GANTRY_HEARTBEAT_S", default=2.0)
 # How often a GPU-pool worker says it is alive for its nodes (apps/fleet/liveness.py).

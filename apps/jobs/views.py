@@ -292,7 +292,7 @@ class JobResultView(GenericAPIView):
         operation_id="jobs_result",
         summary="Download a job's output",
         description="302 to a signed link of the output file, valid GANTRY_RESULT_URL_TTL_S; "
-        "404 while the job has no result.",
+        "404 while the job has no result, or when it is no longer stored.",
         parameters=[
             OpenApiParameter(
                 "Location",
@@ -311,7 +311,10 @@ class JobResultView(GenericAPIView):
     )
     def get(self, request, job_id):
         job = selectors.job_for(request.user, job_id)
-        return HttpResponseRedirect(results.signed_result_link(job).url)
+        link = results.signed_result_link(job)  # 404 while there is none
+        if not results.storage().exists(job.result_path):  # deleted, or lost by the store
+            raise results.NoResult("This job's result is no longer stored.")
+        return HttpResponseRedirect(link.url)
 
 
 class ResultDownloadView(GenericAPIView):
@@ -340,6 +343,8 @@ class ResultDownloadView(GenericAPIView):
     def get(self, request, token):
         download = results.open_result_link(token)
         store = results.storage()
+        if not store.exists(download.key):  # a store's URL would only say 404 later
+            raise results.ResultLinkExpired("This result is no longer available.")
         direct = store.direct_url(
             download.key, expires_in=min(download.expires_in, 300), filename=download.filename
         )

@@ -1,6 +1,7 @@
 """Results: storage, the 302 to a signed link, and refusing altered or expired links."""
 
 import json
+import sys
 from urllib.parse import urlsplit
 
 import pytest
@@ -115,11 +116,19 @@ def test_storage_keys_cannot_escape_the_root(_media):
             store.exists(key)
 
 
-def test_s3_backend_is_selected_by_setting_and_needs_boto3():
-    # boto3 is an optional dependency, not installed here: selecting S3 says so clearly.
+def test_s3_backend_is_selected_by_setting_and_needs_boto3(monkeypatch):
+    # boto3 is an optional dependency (the `s3` extra): without it, selecting S3 says so.
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 -> ImportError
     with (
         override_settings(GANTRY_RESULT_STORAGE="s3", GANTRY_S3_BUCKET="outputs"),
         pytest.raises(RuntimeError, match="boto3"),
     ):
         results.storage()
     assert isinstance(results.storage(), results.FileSystemStorage)
+
+
+def test_a_deleted_result_is_404_from_the_job(tenant, finished):
+    results.storage().delete(finished.result_path)
+    response = tenant.get(f"/v1/jobs/{finished.id}/result")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "no_result"

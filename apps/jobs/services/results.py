@@ -3,10 +3,13 @@
 Backends (settings.GANTRY_RESULT_STORAGE):
 
 - "filesystem" (default): files under MEDIA_ROOT/results/<org>/<job>/<name>.
-- "s3": any S3-compatible store via boto3 (optional dependency, imported only when
-  selected) in GANTRY_S3_BUCKET under GANTRY_S3_PREFIX, at GANTRY_S3_ENDPOINT_URL when
-  set. The signed link then redirects to a short-lived presigned S3 URL. It is written
-  to the boto3 API but not exercised against a real store by the test suite.
+- "s3": S3, MinIO or any S3-compatible store via boto3 (the `s3` extra, imported only
+  when selected) in GANTRY_S3_BUCKET under GANTRY_S3_PREFIX, at GANTRY_S3_ENDPOINT_URL
+  when set (path-style addressing there). The signed link then redirects to a
+  short-lived URL presigned by the store. The test suite runs it against moto's S3
+  server (tests/s3_server.py): round trips, presigned downloads, keys confined to the
+  prefix, a missing object answered 404/410 and never 500. Checkpoints use the same
+  backend classes (services/checkpoints.py).
 
 A link is `<PUBLIC_URL>/v1/results/<token>`: the token is the job id, the storage key
 and an expiry instant, signed with Django's signing (HMAC with SECRET_KEY and a salt of
@@ -99,29 +102,66 @@ class FileSystemStorage:
 
 
 class S3Storage:
-    """Results in an S3-compatible bucket (boto3; credentials from its usual chain)."""
+    """Objects in an S3-compatible bucket (boto3; credentials from its usual chain).
+
+    Keys are `_safe_key`-checked and put under `prefix`, so no key reaches outside it.
+    An upload is one PUT (multipart for big files, completed atomically): a reader sees
+    the old object or the new one, never half of one. A missing object is
+    FileNotFoundError from open(), like the filesystem backend.
+    """
 
     def __init__(self, *, bucket: str, prefix: str = "", endpoint_url: str = "", region: str = ""):
         try:
             import boto3
-        except ImportError as exc:  # optional dependency
-            raise RuntimeError("GANTRY_RESULT_STORAGE=s3 needs boto3 installed") from exc
+            from botocore.config import Config
+        except ImportError as exc:  # optional dependency: the `s3` extra
+            raise RuntimeError(
+                "GANTRY_RESULT_STORAGE=s3 needs boto3 installed (pip install 'gantry[s3]')"
+            ) from exc
         if not bucket:
             raise RuntimeError("GANTRY_RESULT_STORAGE=s3 needs GANTRY_S3_BUCKET")
         self.bucket = bucket
-        self.prefix = prefix
+        self.prefix = prefix if not prefix or prefix.endswith("/") else f"{prefix}/"
+        config = Config(
+            signature_version="s3v4",
+            # MinIO, moto and most self-hosted stores serve buckets by path, not by name.
+            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            retries={"max_attempts": 5, "mode": "standard"},
+        )
         self.client = boto3.client(
-            "s3", endpoint_url=endpoint_url or None, region_name=region or None
+            "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config
         )
 
     def _object(self, key: str) -> str:
         return f"{self.prefix}{_safe_key(key)}"
 
+    @staticmethod
+    def _is_missing(exc: Exception) -> bool:
+        error = getattr(exc, "response", {}).get("Error", {})
+        return error.get("Code") in ("404", "NoSuchKey", "NotFound")
+
     def save(self, key: str, source: Path) -> None:
         self.client.upload_file(str(source), self.bucket, self._object(key))
 
     def open(self, key: str) -> BinaryIO:
-        return self.client.get_object(Bucket=self.bucket, Key=self._object(key))["Body"]
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._object(key))["Body"]
+        except ClientError as exc:
+            if self._is_missing(exc):
+                raise FileNotFoundError(key) from exc
+            raise
+
+    def download(self, key: str, target: Path) -> None:
+        """Copy the object to `target` (written beside it first, then renamed)."""
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            with self.open(key) as body, partial.open("wb") as fh:
+                shutil.copyfileobj(body, fh)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
@@ -129,10 +169,20 @@ class S3Storage:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._object(key))
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if self._is_missing(exc):
                 return False
             raise
         return True
+
+    def keys(self, under: str) -> list[str]:
+        """The keys (relative to the prefix) of every object under the folder `under`."""
+        folder = f"{self._object(under)}/"
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=folder
+        )
+        return sorted(
+            obj["Key"][len(self.prefix) :] for page in pages for obj in page.get("Contents", [])
+        )
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._object(key))

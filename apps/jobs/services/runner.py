@@ -16,8 +16,10 @@ flow of one job"):
 - The job's max_runtime_s bounds its run time summed over attempts, so what a job is
   charged never exceeds the hold taken for max_runtime_s on the priciest allowed type.
 - Checkpoints live in GANTRY_CHECKPOINT_ROOT/<job id>, a filesystem every node shares
-  (like MEDIA_ROOT), so a retry or a resumed preemption on any node continues from the
-  last checkpoint (`--resume`).
+  (like MEDIA_ROOT), or in the object store (GANTRY_CHECKPOINT_STORAGE s3: pulled before
+  the start, pushed on every reported checkpoint and at the end; services/checkpoints.py),
+  so a retry or a resumed preemption on any node continues from the last checkpoint
+  (`--resume`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from apps.jobs.models import (
     ExitClass,
     Job,
 )
+from apps.jobs.services import checkpoints as checkpoint_store
 from apps.jobs.services import logs, results
 from apps.jobs.services.attempts import (
     Fenced,
@@ -90,7 +93,52 @@ def generator_command() -> list[str]:
 
 
 def checkpoint_dir(job_id) -> Path:
+    """The shared checkpoint folder of the filesystem backend (see checkpoints.local_dir)."""
     return Path(settings.GANTRY_CHECKPOINT_ROOT) / str(job_id)
+
+
+class _CheckpointPusher:
+    """Pushes the working copy of a checkpoint to the object store in the background,
+    so a big upload never delays a heartbeat; requests coalesce into the next push."""
+
+    def __init__(self, job_id, directory: Path):
+        self.job_id, self.directory = job_id, directory
+        self._wanted = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        self._wanted.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._wanted.wait()
+            if self._stopping:
+                return
+            self._wanted.clear()
+            self._push("reported")
+
+    def _push(self, why: str) -> None:
+        try:
+            count = checkpoint_store.push(self.job_id, self.directory)
+            logger.info("checkpoint (%s) pushed to the store: %d file(s)", why, count)
+        except Exception:  # the store is down: the next push, or the final one, may pass
+            logger.exception("job %s: the checkpoint could not be pushed", self.job_id)
+
+    def stop(self) -> None:
+        """Stop pushing in the background (waits for a push under way)."""
+        self._stopping = True
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def final(self) -> None:
+        """After the generator exited: stop, then push what it left, before the finish."""
+        self.stop()
+        self._push("final")
 
 
 # --------------------------------------------------------------------------- the run
@@ -269,6 +317,12 @@ class _Run:
         self.node = attempt.node.name
         self.stop_reason = ""
         self.log = AttemptLog()
+        self.checkpoints = checkpoint_store.local_dir(self.job.pk, self.scratch)
+        self.pusher = (
+            _CheckpointPusher(self.job.pk, self.checkpoints)
+            if checkpoint_store.remote_store() is not None
+            else None
+        )
 
     # -- accounting ---------------------------------------------------------------------
 
@@ -297,11 +351,19 @@ class _Run:
             if gen.proc.poll() is None:  # an error in here must not leave it running
                 gen.signal(signal.SIGKILL)
                 gen.wait()
+            if self.pusher is not None:
+                self.pusher.stop()
 
     def _start(self) -> _Generator:
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        checkpoints = checkpoint_dir(self.job.pk)
+        checkpoints = self.checkpoints
         checkpoints.mkdir(parents=True, exist_ok=True)
+        try:
+            pulled = checkpoint_store.pull(self.job.pk, checkpoints)
+        except Exception as exc:  # the store unreachable from here: not a run from step 0
+            raise OSError(f"the checkpoint could not be fetched from the store: {exc}") from exc
+        if pulled:
+            logger.info("checkpoint pulled from the store: %d file(s)", pulled)
         params = self.scratch / "params.json"
         params.write_text(json.dumps(self.job.params))
         argv = [
@@ -394,6 +456,7 @@ class _Run:
         self.seq += 1
         gpu_ms = self.gpu_ms(now)
         out = self.out
+        reports_checkpoint = out.checkpoint_unsent
         try:
             job_signal = heartbeat(
                 self.attempt,
@@ -413,6 +476,8 @@ class _Run:
             return False
         out.progress_unsent = out.checkpoint_unsent = out.resumed_unsent = False
         metrics.HEARTBEATS.labels("ok" if job_signal is not None else "fenced").inc()
+        if job_signal is not None and reports_checkpoint and self.pusher is not None:
+            self.pusher.request()  # still this attempt's: its checkpoint goes to the store
         if job_signal is not None:
             renewed = time.monotonic()
             metrics.HEARTBEAT_LAG.labels(node=self.node).observe(renewed - self.renewed)
@@ -421,6 +486,8 @@ class _Run:
 
     def _outcome(self, returncode: int, ended: float) -> Finish:
         gpu_ms = self.gpu_ms(ended)
+        if self.pusher is not None:  # before the finish, so the next attempt pulls it
+            self.pusher.final()
         files = _output_files(self.output_dir)
         exit_class, message = classify_exit(
             returncode=returncode,
