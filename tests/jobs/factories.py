@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import factory
 from django.utils import timezone
@@ -17,6 +18,7 @@ from apps.jobs.models import (
     JobEvent,
     JobStatus,
 )
+from apps.jobs.services import results
 from apps.jobs.services.spec import JobSpec, fingerprint_of
 from tests.factories import OrgFactory, ProjectFactory
 from tests.fleet.factories import A100_PRICE as A100_PRICE  # re-exported for the jobs tests
@@ -164,3 +166,16 @@ def submit(client, body: dict, *, key: str | None = None, **headers):
         HTTP_IDEMPOTENCY_KEY=key or str(uuid.uuid4()),
         **headers,
     )
+
+
+def job_with_stored_result(org, *, directory: Path, content: bytes) -> Job:
+    """A succeeded job whose output (`content`) went through store_result, as the runner
+    stores it, in whichever result storage the settings select."""
+    job = JobFactory(org=org, status=JobStatus.SUCCEEDED, progress=1.0)
+    output = directory / "run" / "fox.mp4"
+    output.parent.mkdir(parents=True)
+    output.write_bytes(content)
+    key = results.store_result(job, output)
+    Job.objects.filter(pk=job.pk).update(result_path=key)
+    job.refresh_from_db()
+    return job

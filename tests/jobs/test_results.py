@@ -8,9 +8,9 @@ import pytest
 from django.core import signing
 from django.test import override_settings
 
-from apps.jobs.models import Job, JobStatus
+from apps.jobs.models import JobStatus
 from apps.jobs.services import results
-from tests.jobs.factories import JobFactory, reset_job_state
+from tests.jobs.factories import JobFactory, job_with_stored_result, reset_job_state
 
 pytestmark = pytest.mark.django_db
 
@@ -26,15 +26,7 @@ def _media(tmp_path, db):
 
 @pytest.fixture
 def finished(org, tmp_path):
-    """A succeeded job whose output went through store_result, as the runner does."""
-    job = JobFactory(org=org, status=JobStatus.SUCCEEDED, progress=1.0)
-    output = tmp_path / "run" / "fox.mp4"
-    output.parent.mkdir()
-    output.write_bytes(VIDEO)
-    key = results.store_result(job, output)
-    Job.objects.filter(pk=job.pk).update(result_path=key)
-    job.refresh_from_db()
-    return job
+    return job_with_stored_result(org, directory=tmp_path, content=VIDEO)
 
 
 def test_store_result_copies_the_file_into_media_root(finished, _media):

@@ -7,9 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from apps.jobs.models import Job, JobStatus
 from apps.jobs.services import checkpoints, results
-from tests.jobs.factories import JobFactory, reset_job_state
+from tests.jobs.factories import job_with_stored_result, reset_job_state
 from tests.s3_server import s3_fixture
 
 pytestmark = pytest.mark.django_db
@@ -30,14 +29,7 @@ def _on_s3(s3, settings, tmp_path, db):
 
 @pytest.fixture
 def finished(org, tmp_path):
-    job = JobFactory(org=org, status=JobStatus.SUCCEEDED, progress=1.0)
-    output = tmp_path / "run" / "fox.mp4"
-    output.parent.mkdir()
-    output.write_bytes(VIDEO)
-    key = results.store_result(job, output)
-    Job.objects.filter(pk=job.pk).update(result_path=key)
-    job.refresh_from_db()
-    return job
+    return job_with_stored_result(org, directory=tmp_path, content=VIDEO)
 
 
 def test_the_s3_backend_is_selected_and_round_trips(s3, tmp_path):
