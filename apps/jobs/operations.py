@@ -23,16 +23,7 @@ def cancel(
 ) -> Job:
     """Cancel a job (services.cancel), recorded as job.cancel with its status before and
     after; `event_actor` is the actor written on the job's own event."""
-    with operator_action(
-        actor=actor,
-        action="job.cancel",
-        target_type="job",
-        target_id=job_id,
-        org_id=org_id,
-        job_id=job_id,
-        before={"status": status},
-        record_refused=record_refused,
-    ) as pending:
+    with _job_action("job.cancel", job_id, actor, org_id, status, record_refused) as pending:
         job = cancel_job(job_id, actor=event_actor or actor, reason="cancelled by an operator")
         pending.after = {"status": job.status, "cancel_requested": job.cancel_requested}
     return job
@@ -49,20 +40,33 @@ def requeue(
 ) -> Job:
     """Requeue a dead-lettered job as a new one (services.submission), recorded as
     job.requeue; requeuing twice returns the same copy and records one row."""
-    with operator_action(
+    with _job_action(
+        "job.requeue",
+        job_id,
+        actor,
+        org_id,
+        status,
+        record_refused,
+        idempotency_key=f"job.requeue:{job_id}",
+    ) as pending:
+        copy = requeue_failed_job(job_id, actor=event_actor or actor)
+        pending.after = {"requeued_as": str(copy.id), "copy_status": copy.status}
+    return copy
+
+
+def _job_action(action: str, job_id, actor: str, org_id, status: str, record_refused, **known):
+    """The audit record of an action on one job, with its status before."""
+    return operator_action(
         actor=actor,
-        action="job.requeue",
+        action=action,
         target_type="job",
         target_id=job_id,
         org_id=org_id,
         job_id=job_id,
         before={"status": status},
-        idempotency_key=f"job.requeue:{job_id}",
         record_refused=record_refused,
-    ) as pending:
-        copy = requeue_failed_job(job_id, actor=event_actor or actor)
-        pending.after = {"requeued_as": str(copy.id), "copy_status": copy.status}
-    return copy
+        **known,
+    )
 
 
 def clear_quarantine(
