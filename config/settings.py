@@ -74,6 +74,21 @@ TEMPLATES = [
 
 # PostgreSQL only. The launcher sets DATABASE_URL (embedded server or yours).
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/gantry")}
+# A host cut off from the database must notice within seconds, not TCP's minutes: a
+# runner stops its generator when its lease runs out, and a blocked heartbeat must not
+# keep it from looking. libpq's connect timeout, TCP keepalives and TCP_USER_TIMEOUT
+# (unacknowledged data) bound every wait on a silent link (ignored on Unix sockets).
+GANTRY_DB_LINK_TIMEOUT_S = env.float("GANTRY_DB_LINK_TIMEOUT_S", default=10.0)
+DATABASES["default"].setdefault("OPTIONS", {}).update(
+    {
+        "connect_timeout": max(2, int(GANTRY_DB_LINK_TIMEOUT_S)),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(GANTRY_DB_LINK_TIMEOUT_S / 3)),
+        "keepalives_interval": max(1, int(GANTRY_DB_LINK_TIMEOUT_S / 6)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(GANTRY_DB_LINK_TIMEOUT_S * 1000),
+    }
+)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("GANTRY_DB_CONN_MAX_AGE", default=60)
 # Reused connections are pinged at a request's start only after idling a few seconds
 # (config/postgresql/base.py): under load that ping was a round trip per request.
@@ -285,6 +300,9 @@ GANTRY_HEARTBEAT_S = env.float("GANTRY_HEARTBEAT_S", default=2.0)
 GANTRY_WORKER_PULSE_S = env.float("GANTRY_WORKER_PULSE_S", default=10.0)
 # A running attempt whose lease (database clock) runs out is lost: its worker is dead.
 GANTRY_LEASE_S = env.float("GANTRY_LEASE_S", default=30.0)
+# A process holding a singleton lock (dispatcher, folds, the beat's leadership) that goes
+# silent this long loses it: its session ends itself (apps.core.locks).
+GANTRY_LOCK_IDLE_TIMEOUT_S = env.float("GANTRY_LOCK_IDLE_TIMEOUT_S", default=10.0)
 # No output line for this long: the generator is hung and gets killed.
 GANTRY_STALL_S = env.float("GANTRY_STALL_S", default=300.0)
 # SIGTERM → this long to checkpoint and exit → SIGKILL (preemption).
@@ -344,6 +362,8 @@ def _every(task: str, seconds: float, *, expires: float | None = None) -> dict:
     }
 
 
+# One beat sends, however many control hosts run one (apps.core.beat).
+CELERY_BEAT_SCHEDULER = "apps.core.beat:LeaderScheduler"
 CELERY_BEAT_SCHEDULE = {
     # The dispatch tick (submissions and finishes also wake it early).
     "scheduler-dispatch-tick": _every(

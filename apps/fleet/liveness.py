@@ -6,6 +6,11 @@ host has NVIDIA's management library (nvidia-ml-py over the driver's NVML), each
 utilisation, memory and temperature. A pulse lives three periods in Redis, so a node
 whose worker died or lost its link shows "no worker" within that time. Reading it is
 one MGET for the whole fleet page.
+
+A node whose worker pulsed once and went silent (`silent_nodes`: the pulse expired, the
+"seen" mark without expiry is still there) gets no new placements: its host died or lost
+its link, and work sent there would wait for the claim lease to run out. A node never
+seen (no worker started yet, a fresh Redis) is not held back.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from apps.core.redis import redis_client
 logger = logging.getLogger(__name__)
 
 KEY = "gantry:node-pulse:{}"
+SEEN_KEY = "gantry:node-seen:{}"  # no expiry: a worker served this node once
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ def publish_pulse(nodes: list[str], *, worker: str) -> None:
         with redis_client().pipeline(transaction=False) as pipe:
             for node in nodes:
                 pipe.set(KEY.format(node), json.dumps(pulse), ex=ttl)
+                pipe.set(SEEN_KEY.format(node), pulse["at"])
             pipe.execute()
     except redis.RedisError as exc:
         logger.warning("node pulse not published: %s", exc)
@@ -101,6 +108,21 @@ def pulses(nodes: list[str]) -> dict[str, Pulse]:
     except redis.RedisError:
         return {}
     return {node: Pulse(**json.loads(raw)) for node, raw in zip(nodes, values, strict=True) if raw}
+
+
+def silent_nodes(nodes: list[str]) -> set[str]:
+    """The nodes among `nodes` whose worker was seen and pulses no more (see the module
+    docstring); empty when Redis cannot be read (liveness then holds nothing back)."""
+    if not nodes:
+        return set()
+    try:
+        values = redis_client().mget(
+            [KEY.format(node) for node in nodes] + [SEEN_KEY.format(node) for node in nodes]
+        )
+    except redis.RedisError:
+        return set()
+    pulse, seen = values[: len(nodes)], values[len(nodes) :]
+    return {node for node, p, s in zip(nodes, pulse, seen, strict=True) if s and not p}
 
 
 def start_pulsing(nodes: list[str], *, worker: str) -> threading.Thread | None:

@@ -14,6 +14,11 @@ ATTEMPTS = Counter(
 HEARTBEATS = Counter(
     "gantry_runner_heartbeats_total", "Heartbeats by outcome (ok, fenced, error).", ["outcome"]
 )
+LEASES_LOST = Counter(
+    "gantry_runner_leases_lost_total",
+    "Runs that fenced themselves: no lease renewal accepted for GANTRY_LEASE_S (their host "
+    "cut off from the database); the generator was killed and nothing written.",
+)
 GPU_SECONDS = Counter("gantry_runner_gpu_seconds_total", "GPU-seconds used by finished attempts.")
 ADMISSION_REFUSALS = Counter(
     "gantry_admission_refusals_total",

@@ -9,6 +9,11 @@ flow of one job"):
 
 - A duplicated, redelivered or late run message cannot claim and leaves without a write;
   a runner whose attempt was taken away (fenced) kills the generator and writes nothing.
+  A runner that cannot renew its lease (its host cut off from the database) fences
+  itself when the lease may have run out: GANTRY_LEASE_S after it sent the last renewal
+  the database accepted, which is no later than the database's own expiry. It kills the
+  generator then, and pushes no checkpoint and stores no result, so when its link comes
+  back it writes nothing over the attempt that took the job over elsewhere.
 - Durations come from time.monotonic() only; leases are computed by the database clock.
   A worker whose wall clock is skewed by hours charges exactly the time used.
 - Usage is cumulative micro-credits (exits.usage_micro_credits), sent to the ledger on
@@ -35,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,8 +107,8 @@ class _CheckpointPusher:
     """Pushes the working copy of a checkpoint to the object store in the background,
     so a big upload never delays a heartbeat; requests coalesce into the next push."""
 
-    def __init__(self, job_id, directory: Path):
-        self.job_id, self.directory = job_id, directory
+    def __init__(self, job_id, directory: Path, *, may_write: Callable[[], bool]):
+        self.job_id, self.directory, self.may_write = job_id, directory, may_write
         self._wanted = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -122,6 +128,9 @@ class _CheckpointPusher:
             self._push("reported")
 
     def _push(self, why: str) -> None:
+        if not self.may_write():  # the lease may have run out: the job may run elsewhere
+            logger.warning("job %s: checkpoint (%s) not pushed: lease lost", self.job_id, why)
+            return
         try:
             count = checkpoint_store.push(self.job_id, self.directory)
             logger.info("checkpoint (%s) pushed to the store: %d file(s)", why, count)
@@ -276,10 +285,11 @@ def run_attempt(attempt_id, fencing_token: int, *, worker: str = "") -> RunOutco
     """
     worker = worker or f"{os.uname().nodename}:{os.getpid()}"
     with job_log_context(attempt_id=attempt_id):
+        claim_sent = time.monotonic()  # the claim starts the lease (database clock)
         attempt = claim_attempt(attempt_id, fencing_token, worker=worker)
         if attempt is None:
             return RunOutcome(str(attempt_id), claimed=False)
-        run = _Run(attempt, worker=worker)
+        run = _Run(attempt, worker=worker, lease_from=claim_sent)
     # Every line of the run names the job, the attempt, the org and the submitting request.
     request_id = selectors.submission_request_id(attempt.job_id)
     with job_log_context(job=run.job, attempt=attempt, request_id=request_id):
@@ -299,8 +309,11 @@ def run_attempt(attempt_id, fencing_token: int, *, worker: str = "") -> RunOutco
 class _Run:
     """One claimed attempt being run: the generator, its heartbeats, its finish."""
 
-    def __init__(self, attempt: Attempt, *, worker: str):
+    def __init__(self, attempt: Attempt, *, worker: str, lease_from: float):
         self.attempt = attempt
+        # When the last lease renewal the database accepted was sent (monotonic): the
+        # lease runs at least GANTRY_LEASE_S from then (see lease_lost).
+        self.lease_from = lease_from
         self.worker = worker
         self.job = Job.objects.get(pk=attempt.job_id)
         earlier = self.job.attempts.exclude(pk=attempt.pk).values_list("gpu_ms", flat=True)
@@ -319,7 +332,9 @@ class _Run:
         self.log = AttemptLog()
         self.checkpoints = checkpoint_store.local_dir(self.job.pk, self.scratch)
         self.pusher = (
-            _CheckpointPusher(self.job.pk, self.checkpoints)
+            _CheckpointPusher(
+                self.job.pk, self.checkpoints, may_write=lambda: not self.lease_lost()
+            )
             if checkpoint_store.remote_store() is not None
             else None
         )
@@ -334,6 +349,24 @@ class _Run:
         return usage_micro_credits(
             gpu_ms=gpu_ms, price_per_gpu_hour=self.attempt.price_per_gpu_hour
         )
+
+    def lease_lost(self, now: float | None = None) -> bool:
+        """Whether the lease may have run out: the database may have given the job to
+        another attempt, so this run must neither go on nor write anything."""
+        return (now or time.monotonic()) - self.lease_from >= settings.GANTRY_LEASE_S
+
+    def _fence_for_lost_lease(self, gen: _Generator) -> RunOutcome:
+        """Kill the generator and leave without a write (the log stays on the worker)."""
+        gen.signal(signal.SIGKILL)
+        gen.wait()
+        logger.warning(
+            "attempt %s: no lease renewal accepted for %.0f s; generator killed, nothing "
+            "written (the job resumes elsewhere)",
+            self.attempt.pk,
+            time.monotonic() - self.lease_from,
+        )
+        metrics.LEASES_LOST.inc()
+        return RunOutcome(str(self.attempt.pk), claimed=True, fenced=True)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -397,6 +430,8 @@ class _Run:
                 self.out.parse(line)
             logs.publish_lines(self.attempt.pk, self.log.take_pending())
             now = time.monotonic()
+            if self.lease_lost(now):
+                return self._fence_for_lost_lease(gen)
             if gen.proc.poll() is not None:
                 ended = now
                 break
@@ -428,7 +463,10 @@ class _Run:
         returncode = gen.wait()
         for _, line in self._drain_lines(gen, timeout=0):  # printed just before the exit
             self.out.parse(line)
-        return self._finish(self._outcome(returncode, ended))
+        finish = None if self.lease_lost() else self._outcome(returncode, ended)
+        if finish is None:
+            return self._fence_for_lost_lease(gen)
+        return self._finish(finish)
 
     def _stop(self, gen: _Generator, reason: str) -> float | None:
         """Stop the generator for `reason`; returns when to SIGKILL it if it lingers."""
@@ -457,6 +495,7 @@ class _Run:
         gpu_ms = self.gpu_ms(now)
         out = self.out
         reports_checkpoint = out.checkpoint_unsent
+        sent = time.monotonic()
         try:
             job_signal = heartbeat(
                 self.attempt,
@@ -479,15 +518,20 @@ class _Run:
         if job_signal is not None and reports_checkpoint and self.pusher is not None:
             self.pusher.request()  # still this attempt's: its checkpoint goes to the store
         if job_signal is not None:
+            self.lease_from = sent
             renewed = time.monotonic()
             metrics.HEARTBEAT_LAG.labels(node=self.node).observe(renewed - self.renewed)
             self.renewed = renewed
         return job_signal
 
-    def _outcome(self, returncode: int, ended: float) -> Finish:
+    def _outcome(self, returncode: int, ended: float) -> Finish | None:
+        """How the run ended, its result stored; None when the lease was lost meanwhile
+        (the final push can take a while) and nothing more may be written."""
         gpu_ms = self.gpu_ms(ended)
         if self.pusher is not None:  # before the finish, so the next attempt pulls it
             self.pusher.final()
+        if self.lease_lost():
+            return None
         files = _output_files(self.output_dir)
         exit_class, message = classify_exit(
             returncode=returncode,

@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from apps.accounts.models import Org
+from apps.fleet import liveness
 from apps.fleet.models import Gpu, GpuType, Node
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobStatus
 from apps.jobs.selectors import nodes_to_avoid
@@ -48,6 +49,7 @@ from apps.scheduler.policy import (
 from apps.scheduler.policy import Gpu as PolicyGpu
 from apps.scheduler.policy import GpuType as PolicyGpuType
 from apps.scheduler.policy import Node as PolicyNode
+from apps.scheduler.policy import NodeState as PolicyNodeState
 from apps.scheduler.services.usage import decayed_accounts, half_life_s, running_worth
 
 
@@ -173,6 +175,11 @@ def _nodes(held_gpus: set[int]) -> list[PolicyNode]:
         node.gpus.append(
             PolicyGpu(id=gpu_id, index=index, type=gpu_type, free=gpu_id not in held_gpus)
         )
+    # A node whose worker went silent keeps what it runs (its leases decide) and gets
+    # nothing new, as a draining node (apps.fleet.liveness).
+    active = [name for name, node in nodes.items() if node.state == PolicyNodeState.ACTIVE]
+    for name in liveness.silent_nodes(active):
+        nodes[name].state = PolicyNodeState.DRAINING
     return list(nodes.values())
 
 
