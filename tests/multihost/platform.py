@@ -74,6 +74,7 @@ class Platform:
     operator: GantryAPI | None = None
     tenant: GantryAPI | None = None
     org_id: str = ""
+    project_id: str = ""
     figures: list[str] = field(default_factory=list)
 
     # -- the pieces ---------------------------------------------------------------------
@@ -128,12 +129,16 @@ class Platform:
     # -- jobs ---------------------------------------------------------------------------
 
     def submit(self, host: str, *, prompt: str, steps: int, step_seconds: float, key: str = ""):
-        spec = {
+        spec = self.spec(prompt=prompt, steps=steps, step_seconds=step_seconds)
+        return self.api(host).submit_job(spec, idempotency_key=key or os.urandom(8).hex())
+
+    @staticmethod
+    def spec(*, prompt: str, steps: int, step_seconds: float) -> dict:
+        return {
             "params": {"prompt": prompt, "seed": 11, "steps": steps, "step_seconds": step_seconds},
             "resources": {"gpu_count": 1, "gpu_types": ["H100"]},
             "max_runtime_s": 600,
         }
-        return self.api(host).submit_job(spec, idempotency_key=key or os.urandom(8).hex())
 
     def job(self, job_id: str) -> dict:
         return self.api("api-2").get_job(job_id)
@@ -215,6 +220,7 @@ def start_platform(bed: Bed) -> Platform:
     project = platform.operator.request(
         "POST", f"/v1/orgs/{org.data['id']}/projects", body={"name": "hosts"}
     ).data
+    platform.project_id = project["id"]
     key = platform.operator.request(
         "POST", "/v1/api-keys", body={"org": org.data["id"], "project": project["id"]}
     ).data
@@ -240,12 +246,12 @@ def _ready(url: str) -> bool:
 
 def leading_beat(platform: Platform) -> str:
     """The control host whose beat leads now (the last of its 'beat leads/follows' lines)."""
-    leaders = [host for host in CONTROL_HOSTS if _last_beat_state(platform, host) == "leads"]
+    leaders = [host for host in CONTROL_HOSTS if last_beat_state(platform, host) == "leads"]
     assert len(leaders) == 1, f"beats leading: {leaders}"
     return leaders[0]
 
 
-def _last_beat_state(platform: Platform, host: str) -> str:
+def last_beat_state(platform: Platform, host: str) -> str:
     states = re.findall(r'"msg": "beat (leads|follows)', platform.log(host, "beat"))
     return states[-1] if states else ""
 

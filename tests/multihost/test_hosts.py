@@ -7,14 +7,21 @@ The tests run in order on one platform (module fixture) and each leaves every li
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 
+import psycopg
 import pytest
 
+from gantry_client.api import TransportError
 from tests.multihost.bed import wait_until
 from tests.multihost.platform import (
     API_HOSTS,
+    CONTROL_HOSTS,
     GPU_HOSTS,
+    last_beat_state,
+    leading_beat,
     log_records,
     wall_clock_of,
 )
@@ -163,4 +170,132 @@ def test_worker_host_cut_mid_run_its_jobs_resume_elsewhere_and_its_stale_runs_wr
         f"{resumed_after:.1f} s after the cut (lease {platform.env['GANTRY_LEASE_S']} s), "
         f"from steps {sorted(resumed_steps)} of 48; "
         f"jobs lost 0, double runs 0, reconciler violations 0"
+    )
+
+
+def first_record(platform, host: str, name: str, text: str, *, after: float) -> float | None:
+    """When `host`'s `name` process first logged `text` after `after` (unix time)."""
+    for record in log_records(platform.log(host, name)):
+        if text in record.get("msg", "") and wall_clock_of(record) > after:
+            return wall_clock_of(record)
+    return None
+
+
+def test_control_host_cut_off_the_other_takes_over_dispatch_and_the_periodic_tasks(platform):
+    leader = leading_beat(platform)
+    standby = next(host for host in CONTROL_HOSTS if host != leader)
+    cut_at = time.time()
+    platform.bed.hosts[leader].cut()
+    try:
+        job = platform.submit("api-1", prompt="after the cut", steps=4, step_seconds=0.25)
+        job_id = job.data["id"]
+        took_over = wait_until(
+            lambda: first_record(platform, standby, "beat", "beat leads", after=cut_at),
+            what=f"{standby}'s beat leading",
+            timeout=30,
+            check=platform.check_alive,
+        )
+        platform.wait_jobs([job_id], "succeeded", timeout=60)
+        placed_at = attempts_of(platform, [job_id])[0][6].timestamp()
+    finally:
+        restored_at = time.time()
+        platform.bed.hosts[leader].restore()
+    # The old leader, back, finds its session ended and follows; it sends nothing more.
+    wait_until(
+        lambda: last_beat_state(platform, leader) == "follows",
+        what=f"{leader}'s beat following",
+        timeout=30,
+        check=platform.check_alive,
+    )
+    time.sleep(3)
+    assert leading_beat(platform) == standby
+    sent_late = [
+        r
+        for r in log_records(platform.log(leader, "beat"))
+        if "Sending due task" in r.get("msg", "") and wall_clock_of(r) > restored_at
+    ]
+    assert sent_late == []
+    # No tick applied twice: each attempt was placed by exactly one applied decision.
+    doubles = platform.sql(
+        "SELECT attempt_id FROM scheduler_dispatchdecision WHERE kind = 'place'"
+        " AND outcome = 'applied' GROUP BY attempt_id HAVING count(*) > 1"
+    )
+    unplaced = platform.sql(
+        "SELECT count(*) FROM jobs_attempt a WHERE NOT EXISTS (SELECT 1 FROM"
+        " scheduler_dispatchdecision d WHERE d.attempt_id = a.id AND d.kind = 'place'"
+        " AND d.outcome = 'applied')"
+    )[0][0]
+    assert doubles == [] and unplaced == 0
+    assert_ledger_reconciles(platform)
+    platform.figures.append(
+        f"control host lost: {standby}'s beat led {took_over - cut_at:.1f} s after the cut, "
+        f"a job submitted after the cut was placed {placed_at - cut_at:.1f} s after it "
+        "(its submission woke the standby's control worker) "
+        f"(lock idle timeout {platform.env['GANTRY_LOCK_IDLE_TIMEOUT_S']} s); "
+        f"ticks applied twice 0, reconciler violations 0"
+    )
+
+
+def test_api_host_cut_off_a_client_retrying_on_the_other_with_the_same_key_gets_the_same_job(
+    platform,
+):
+    api_1, gateway = platform.bed.hosts["api-1"], platform.bed.gateway
+    spec = platform.spec(prompt="answer lost", steps=2, step_seconds=0.1)
+    key = "retry-" + uuid.uuid4().hex
+    # 1. api-1 commits the job but its answer never reaches the client: the submission
+    # is held on its idempotency lock while api-1's replies are cut, then let through.
+    # The submission's lock (apps.jobs.services.admission), on the key as stored.
+    lock = f"job-submit|{platform.org_id}|project:{platform.project_id}:{key}"
+    outcome = {}
+    with psycopg.connect(platform.database_url.replace("postgres://", "postgresql://")) as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [lock])
+
+        def submit_to_api_1():
+            try:
+                outcome["answer"] = platform.api("api-1", timeout=6).submit_job(
+                    spec, idempotency_key=key
+                )
+            except TransportError as exc:
+                outcome["error"] = exc
+
+        client = threading.Thread(target=submit_to_api_1)
+        client.start()
+        wait_until(
+            lambda: platform.sql(
+                "SELECT 1 FROM pg_stat_activity WHERE client_addr = %s::inet AND wait_event_type ="
+                " 'Lock' AND query LIKE '%%advisory%%'",
+                [api_1.address],
+            ),
+            what="api-1 waiting on the submission's lock",
+            timeout=20,
+        )
+        api_1.drop_replies_to(gateway)
+        conn.commit()  # the lock goes: api-1 commits the job and answers into the void
+    try:
+        client.join(timeout=30)
+        assert "error" in outcome, outcome  # the client heard nothing
+        retried = platform.api("api-2").submit_job(spec, idempotency_key=key)
+    finally:
+        api_1.deliver_to(gateway)
+    created = platform.sql("SELECT id::text FROM jobs_job WHERE params->>'prompt' = 'answer lost'")
+    assert [row[0] for row in created] == [retried.data["id"]]  # one job, the same
+    assert retried.replayed
+
+    # 2. api-1 down altogether: the client's request times out, the retry creates it once.
+    spec = platform.spec(prompt="host down", steps=2, step_seconds=0.1)
+    key = "retry-" + uuid.uuid4().hex
+    api_1.cut()
+    try:
+        with pytest.raises(TransportError):
+            platform.api("api-1", timeout=3).submit_job(spec, idempotency_key=key)
+        second = platform.api("api-2").submit_job(spec, idempotency_key=key)
+        again = platform.api("api-2").submit_job(spec, idempotency_key=key)
+    finally:
+        api_1.restore()
+    assert again.data["id"] == second.data["id"] and again.replayed
+    platform.wait_jobs([retried.data["id"], second.data["id"]], "succeeded", timeout=60)
+    assert_ledger_reconciles(platform)
+    platform.figures.append(
+        "API host lost: an answer lost after api-1 committed, and api-1 down: the retry on "
+        "api-2 with the same Idempotency-Key got the same job (1 job each, none held twice)"
     )
