@@ -22,6 +22,7 @@ import contextvars
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from types import MappingProxyType
@@ -127,8 +128,14 @@ class ContextFilter(logging.Filter):
 RequestIdFilter = ContextFilter
 
 
+# The host a line comes from: logs of many hosts are read together (a collector, or an
+# operator grepping several machines' files), and pids repeat across hosts.
+HOST = socket.gethostname()
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ts, level, logger, msg, pid, the context fields, extras."""
+    """One JSON object a line: ts, level, logger, msg, host, pid, the context fields,
+    extras."""
 
     def format(self, record):
         line = {
@@ -137,6 +144,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
+            "host": HOST,
             "pid": record.process or os.getpid(),
         }
         for field in CONTEXT_FIELDS:

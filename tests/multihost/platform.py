@@ -42,6 +42,7 @@ CONTROL_HOSTS = ("control-1", "control-2")
 GPU_HOSTS = ("gpu-1", "gpu-2", "gpu-3")
 HOSTS = ("services", *API_HOSTS, *CONTROL_HOSTS, *GPU_HOSTS)
 GPUS_PER_NODE = 2
+METRICS_PORT = 9310  # a GPU worker's /metrics, as in docker-compose.yml
 
 TIMINGS = {
     "GANTRY_HEARTBEAT_S": "0.5",
@@ -107,6 +108,19 @@ class Platform:
     def log(self, host: str, name: str) -> str:
         path = self.bed.root / "logs" / f"{host}-{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def scrape(self, host: str) -> str:
+        """The /metrics of `host`'s GPU worker, as Prometheus scrapes that target."""
+        conn = http.client.HTTPConnection(self.bed.hosts[host].address, METRICS_PORT, timeout=5)
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+
+    def pulse(self, node: str) -> dict | None:
+        """The node's liveness pulse, as the fleet page reads it (apps.fleet.liveness)."""
+        import redis
+
+        raw = redis.Redis.from_url(self.env["REDIS_URL"]).get(f"gantry:node-pulse:{node}")
+        return json.loads(raw) if raw else None
 
     def check_alive(self) -> None:
         for process in self.bed.processes:
@@ -197,7 +211,9 @@ def start_platform(bed: Bed) -> Platform:
         bed.start(host, "control", control, platform.host_env(host))
     for host in GPU_HOSTS:
         argv = stack_py.gpu_pool_worker(str(Path(stack_py.BIN) / "celery"), host, GPUS_PER_NODE)
-        bed.start(host, "worker", argv, platform.host_env(host))
+        # Its own /metrics on the host's address: one Prometheus target per host.
+        metrics = {"GANTRY_METRICS_ADDR": "0.0.0.0", "GANTRY_METRICS_PORT": str(METRICS_PORT)}
+        bed.start(host, "worker", argv, platform.host_env(host, **metrics))
 
     wait_until(
         lambda: all(_ready(platform.api_url(h)) for h in API_HOSTS),

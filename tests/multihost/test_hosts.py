@@ -7,6 +7,7 @@ The tests run in order on one platform (module fixture) and each leaves every li
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -65,6 +66,19 @@ def test_jobs_submitted_through_both_api_hosts_run_on_all_three_worker_hosts(pla
     # Each node's runs were made by the worker on that node's own host.
     assert workers == {f"{host}@{host}" for host in GPU_HOSTS}
     assert len(attempts) == len(job_ids)  # none ran twice
+    for host in GPU_HOSTS:
+        # Every log line names the host it comes from; each host is its own Prometheus
+        # target; the fleet page's liveness names the node's host.
+        records = log_records(platform.log(host, "worker"))
+        assert records and {r["host"] for r in records} == {host}
+        finished = re.search(
+            r'^gantry_runner_attempts_total\{exit_class="succeeded"\} (\S+)$',
+            platform.scrape(host),
+            re.MULTILINE,
+        )
+        ran_here = sum(1 for _, _, node, *_ in attempts if node == host)
+        assert finished and float(finished.group(1)) == ran_here
+        assert platform.pulse(host)["host"] == host
     assert_ledger_reconciles(platform)
     platform.figures.append(
         f"spread: 12 jobs through {len(API_HOSTS)} API hosts ran on {len(nodes)} worker hosts"
