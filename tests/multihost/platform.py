@@ -212,7 +212,10 @@ def start_platform(bed: Bed) -> Platform:
     for host in GPU_HOSTS:
         argv = stack_py.gpu_pool_worker(str(Path(stack_py.BIN) / "celery"), host, GPUS_PER_NODE)
         # Its own /metrics on the host's address: one Prometheus target per host.
-        metrics = {"GANTRY_METRICS_ADDR": "0.0.0.0", "GANTRY_METRICS_PORT": str(METRICS_PORT)}
+        metrics = {
+            "GANTRY_METRICS_ADDR": bed.hosts[host].address,
+            "GANTRY_METRICS_PORT": str(METRICS_PORT),
+        }
         bed.start(host, "worker", argv, platform.host_env(host, **metrics))
 
     wait_until(
