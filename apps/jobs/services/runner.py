@@ -10,10 +10,12 @@ flow of one job"):
 - A duplicated, redelivered or late run message cannot claim and leaves without a write;
   a runner whose attempt was taken away (fenced) kills the generator and writes nothing.
   A runner that cannot renew its lease (its host cut off from the database) fences
-  itself when the lease may have run out: GANTRY_LEASE_S after it sent the last renewal
-  the database accepted, which is no later than the database's own expiry. It kills the
-  generator then, and pushes no checkpoint and stores no result, so when its link comes
-  back it writes nothing over the attempt that took the job over elsewhere.
+  itself before the lease may run out: a watchdog thread, which no blocked database
+  call can hold up, kills the generator LEASE_FENCE_SHARE of GANTRY_LEASE_S after the
+  runner sent the last renewal the database accepted, so before the database's own
+  expiry (counted from when it received that renewal), before the job can start
+  elsewhere. The runner then pushes no checkpoint and stores no result, so when its
+  link comes back it writes nothing over the attempt that took the job over.
 - Durations come from time.monotonic() only; leases are computed by the database clock.
   A worker whose wall clock is skewed by hours charges exactly the time used.
 - Usage is cumulative micro-credits (exits.usage_micro_credits), sent to the ledger on
@@ -30,6 +32,7 @@ flow of one job"):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -72,6 +75,9 @@ logger = logging.getLogger(__name__)
 
 STDERR_TAIL_BYTES = 8192
 POLL_S = 0.05
+# A runner fences itself at this share of GANTRY_LEASE_S without an accepted renewal:
+# the rest is the margin for the watchdog's wake-up and the kill.
+LEASE_FENCE_SHARE = 0.9
 # A finish the database refused is tried again after these pauses (None: give up).
 FINISH_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, None)
 
@@ -351,19 +357,31 @@ class _Run:
         )
 
     def lease_lost(self, now: float | None = None) -> bool:
-        """Whether the lease may have run out: the database may have given the job to
-        another attempt, so this run must neither go on nor write anything."""
-        return (now or time.monotonic()) - self.lease_from >= settings.GANTRY_LEASE_S
+        """Whether the lease may soon run out: the database may give the job to another
+        attempt, so this run must neither go on nor write anything."""
+        elapsed = (now or time.monotonic()) - self.lease_from
+        return elapsed >= LEASE_FENCE_SHARE * settings.GANTRY_LEASE_S
+
+    def _watch_lease(self, gen: _Generator, done: threading.Event) -> None:
+        """The watchdog: kill the generator as soon as the lease is lost, whatever the
+        supervising loop is waiting on (a heartbeat blocked on a dead link)."""
+        while not done.wait(POLL_S):
+            if self.lease_lost():
+                gen.signal(signal.SIGKILL)
+                logger.warning(
+                    "attempt %s: no lease renewal accepted for %.1f s; generator killed",
+                    self.attempt.pk,
+                    time.monotonic() - self.lease_from,
+                )
+                return
 
     def _fence_for_lost_lease(self, gen: _Generator) -> RunOutcome:
         """Kill the generator and leave without a write (the log stays on the worker)."""
         gen.signal(signal.SIGKILL)
         gen.wait()
         logger.warning(
-            "attempt %s: no lease renewal accepted for %.0f s; generator killed, nothing "
-            "written (the job resumes elsewhere)",
+            "attempt %s fenced: its lease was lost; nothing written (the job resumes elsewhere)",
             self.attempt.pk,
-            time.monotonic() - self.lease_from,
         )
         metrics.LEASES_LOST.inc()
         return RunOutcome(str(self.attempt.pk), claimed=True, fenced=True)
@@ -378,9 +396,19 @@ class _Run:
             return self._finish(
                 Finish(ExitClass.NODE_FAULT, None, 0, 0, f"The generator did not start: {exc}")
             )
+        supervised = threading.Event()
+        watchdog = threading.Thread(
+            # With this run's log context (job, attempt): a thread starts without it.
+            target=contextvars.copy_context().run,
+            args=(self._watch_lease, gen, supervised),
+            name="lease-watchdog",
+            daemon=True,
+        )
+        watchdog.start()
         try:
             return self._supervise(gen)
         finally:
+            supervised.set()
             if gen.proc.poll() is None:  # an error in here must not leave it running
                 gen.signal(signal.SIGKILL)
                 gen.wait()

@@ -85,6 +85,9 @@ class PolicyConfig:
     share (a flood, a heavy tenant's burst) come after them, in fair-share order. So
     fair share costs nothing while everyone fits their share, and a flood's old backlog
     never comes first."""
+    within_tier_fifo_slack: float = 1.0
+    """How far beyond its entitlement an org may want (held + queued, and lately used)
+    and still be served oldest first (`within_tier_fifo`): 1.0 = exactly its share."""
     reservation_aging_shares_per_hour: float = 12.0
     """Aging in the order reservations are granted within a tier, by each job's own
     wait: a multi-GPU job cannot start without a reservation on a busy fleet, so old
@@ -169,6 +172,8 @@ class PolicyConfig:
             raise ValueError("tier_floors: floors add up to more than the whole fleet")
         if self.preemption_hold_back_s < 0:
             raise ValueError("preemption_hold_back_s: must be >= 0")
+        if self.within_tier_fifo_slack < 1.0:
+            raise ValueError("within_tier_fifo_slack: must be >= 1")
         if self.reclaim_wait_s < 0:
             raise ValueError("reclaim_wait_s: must be >= 0")
         if self.usage_half_life_s <= 0:

@@ -279,6 +279,7 @@ class FairShareQueue:
         self._tier_aging = config.tier_aging_shares_per_hour / 3600.0
         self._blend = config.running_weight
         self._within_tier_fifo = config.within_tier_fifo
+        self._fifo_slack = config.within_tier_fifo_slack
         self._half_life = config.usage_half_life_s
         self._running_by_tier = dict(running.by_tier)
         self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
@@ -441,7 +442,7 @@ class FairShareQueue:
         wanting more than its share (a flood, a heavy tenant's burst) is not, whatever
         it holds now: its old backlog would otherwise always come first."""
         key = (tier, org.name)
-        entitled = self.entitlements.org.get(key, 0.0) + 1e-9  # float sums: a margin
+        entitled = self.entitlements.org.get(key, 0.0) * self._fifo_slack + 1e-9  # float sums
         wanted = running.by_tier_org.get(key, 0) + self.queued_gpus_by_org.get(key, 0)
         return wanted <= entitled and org.lately <= entitled
 
