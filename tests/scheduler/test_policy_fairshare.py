@@ -2,6 +2,8 @@
 
 from collections import Counter
 
+import pytest
+
 from apps.scheduler.policy import Place, PolicyConfig, UsageSnapshot, schedule
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
@@ -90,6 +92,27 @@ def test_an_org_wanting_more_than_its_entitlement_waits_behind_the_orgs_within_t
     assert [d.job_id for d in decisions if isinstance(d, Place)] == ["other"]
 
 
+def test_fifo_slack_lets_an_org_wanting_somewhat_more_than_its_share_keep_its_turn():
+    # The flood above, with only three jobs queued: the flooder wants four GPUs (one held,
+    # three queued) of an entitlement of two. Exactly at its share (slack 1) it waits
+    # behind the other org; with slack 3 it is still "within" and its older job goes
+    # first, FIFO, as strict priority would serve the tier.
+    fleet = [node("n0", gpus=4)]
+    running = [allocation("f-run", fleet[0], [0], tier="enterprise", org="flooder")]
+    running.append(allocation("c-run", fleet[0], [1, 2], tier="free", org="c"))
+    queue = [
+        job(f"f{i}", tier="enterprise", org="flooder", submitted_at=float(i)) for i in range(3)
+    ]
+    queue.append(job("other", tier="enterprise", org="other", submitted_at=50.0))
+
+    def first_placed(config):
+        decisions = schedule(snapshot(fleet, queue, running=running, now=60.0, config=config))
+        return next(d.job_id for d in decisions if isinstance(d, Place))
+
+    assert first_placed(PolicyConfig()) == "other"
+    assert first_placed(PolicyConfig(within_tier_fifo_slack=3.0)) == "f0"
+
+
 def test_aging_lifts_a_starved_free_job():
     # Both orgs have used more than their entitlement (one GPU each) lately, so they are
     # ordered by fair share, not FIFO. The busy org's job has been waiting for three
@@ -127,3 +150,8 @@ def test_a_tier_never_exceeds_its_ceiling_with_jobs_that_cannot_be_preempted():
     queue = [job(f"f{i}", tier="free", submitted_at=i, preemptible=False) for i in range(8)]
     decisions = schedule(snapshot([node("n0", gpus=8)], queue, config=config))
     assert len(decisions) == 4
+
+
+def test_a_fifo_slack_below_one_is_refused():
+    with pytest.raises(ValueError, match="within_tier_fifo_slack"):
+        PolicyConfig(within_tier_fifo_slack=0.5)
