@@ -137,9 +137,9 @@ def test_a_job_never_preempts_its_own_org():
     assert preempts(decisions) == []
 
 
-def test_a_customer_flooding_its_tier_is_preempted_for_the_others_of_that_tier():
-    # "flood" (weight 1) holds the whole 16-GPU fleet, four times its weighted share
-    # next to "ent" (weight 3), which asks for 8 and holds nothing.
+def same_tier_preemptions(*, ent_weight: float):
+    """ "flood" (weight 1) holds the whole 16-GPU fleet next to "ent", which asks for 8
+    and holds nothing: what does ent's job preempt?"""
     fleet = [full_node("f1", "enterprise", org="flood"), full_node("f2", "enterprise", org="flood")]
     decisions = schedule(
         snapshot(
@@ -148,11 +148,22 @@ def test_a_customer_flooding_its_tier_is_preempted_for_the_others_of_that_tier()
             running=[a for _, a in fleet],
             now=NOW,
             config=NO_FLOORS,
-            org_weights={"flood": 1.0, "ent": 3.0},
+            org_weights={"flood": 1.0, "ent": ent_weight},
         )
     )
-    [preempt] = preempts(decisions)
+    return preempts(decisions)
+
+
+def test_a_customer_flooding_its_tier_is_preempted_for_the_others_of_that_tier():
+    # Next to "ent" of weight 15, the flood holds sixteen times its weighted share.
+    [preempt] = same_tier_preemptions(ent_weight=15.0)
     assert preempt.allocation_ids in {("f1-alloc",), ("f2-alloc",)}
+
+
+def test_a_customer_four_times_over_its_share_is_not_preempted_by_its_own_tier():
+    # Next to "ent" of weight 3, the same fleet is four times flood's share: a burst,
+    # which ends by itself, not a flood (same_tier_preemption_factor 8).
+    assert same_tier_preemptions(ent_weight=3.0) == []
 
 
 def test_a_same_tier_org_within_its_entitlement_is_not_preempted():
