@@ -127,6 +127,11 @@ class S3Storage:
             # MinIO, moto and most self-hosted stores serve buckets by path, not by name.
             s3={"addressing_style": "path" if endpoint_url else "auto"},
             retries={"max_attempts": 5, "mode": "standard"},
+            # botocore waits 60 s by default: on a host cut off from the store, a
+            # checkpoint upload would hang for minutes and might land long after the
+            # runner's lease ran out. Seconds bound it (a large part still streams).
+            connect_timeout=5,
+            read_timeout=30,
         )
         self.client = boto3.client(
             "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config
