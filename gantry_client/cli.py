@@ -15,6 +15,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,6 +26,7 @@ from gantry_client.api import (
     ApiError,
     GantryAPI,
     ProtocolError,
+    Response,
     TransportError,
     next_cursor,
 )
@@ -251,19 +253,35 @@ def project_names(api: GantryAPI) -> dict[str, str]:
         return {}
 
 
-def submit_with_retry(api: GantryAPI, spec: dict, *, key: str, retries: int):
-    """Submit; on 429, 5xx or a lost connection wait and resend with the same key.
+def submit_with_retry(
+    api: GantryAPI, spec: dict, *, key: str, retries: int, others: Sequence[GantryAPI] = ()
+) -> tuple[Response, GantryAPI]:
+    """Submit; the answer and the API host that gave it. Without an answer from one API
+    host (a lost connection), resend at once to the next of `others`; on 429, 5xx or
+    when every host was tried, wait and resend, up to `retries` times.
 
-    Resending is safe because the server replays the first answer for a key.
+    Resending is safe, to the same host or another, because the server replays the first
+    answer for a key: the same job, held once.
     """
-    attempt = 0
+    hosts = [api, *others]
+    attempt, current, untried = 0, 0, len(hosts) - 1
     while True:
         try:
-            return api.submit_job(spec, idempotency_key=key)
+            return hosts[current].submit_job(spec, idempotency_key=key), hosts[current]
         except (ApiError, TransportError) as exc:
             transient = isinstance(exc, TransportError) or exc.status == 429 or exc.status >= 500
+            if isinstance(exc, TransportError) and untried:
+                untried -= 1
+                nxt = (current + 1) % len(hosts)
+                note(
+                    f"no answer from {hosts[current].base_url}; resending to "
+                    f"{hosts[nxt].base_url} with the same Idempotency-Key"
+                )
+                current = nxt
+                continue
             if not transient or attempt >= retries:
                 raise
+            untried = len(hosts) - 1
             attempt += 1
             wait = getattr(exc, "retry_after", None)
             wait = min(wait if wait is not None else 2.0**attempt, RETRY_WAIT_CAP_S)
@@ -278,7 +296,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     key = args.idempotency_key or str(uuid.uuid4())
     # Printed first, so that after a crash or a dropped connection the retry can reuse it.
     note(f"Idempotency-Key: {key}  (pass it as --idempotency-key to retry without a duplicate)")
-    response = submit_with_retry(api, spec, key=key, retries=args.retry)
+    others = [
+        GantryAPI(url, api.api_key, timeout=api.timeout) for url in args.settings.api_urls[1:]
+    ]
+    response, api = submit_with_retry(api, spec, key=key, retries=args.retry, others=others)
     job = response.data
     args.following = job.get("id")
     if response.replayed:
@@ -611,7 +632,12 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         return argparse.SUPPRESS if suppress else value
 
     group = parser.add_argument_group("connection and output")
-    group.add_argument("--api-url", default=default(None), help="API base URL (env GANTRY_API_URL)")
+    group.add_argument(
+        "--api-url",
+        default=default(None),
+        help="API base URL, or several API hosts separated by commas: a submission that "
+        "gets no answer is resent to the next with the same key (env GANTRY_API_URL)",
+    )
     group.add_argument("--api-key", default=default(None), help="API key (env GANTRY_API_KEY)")
     group.add_argument(
         "--json", action="store_true", default=default(False), help="print the raw API JSON"

@@ -45,10 +45,13 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Settings:
-    api_url: str
+    api_url: str  # the first of api_urls
     api_key: str | None
     url_source: str  # "--api-url", "GANTRY_API_URL", a config file path, or "default"
     key_source: str | None
+    # Every API host given (comma-separated): a submission that gets no answer from one
+    # is resent to the next with the same Idempotency-Key.
+    api_urls: tuple[str, ...] = ()
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
@@ -69,6 +72,12 @@ def normalise_url(url: str, *, source: str) -> str:
             + HOW_TO_SET_URL
         )
     return url.rstrip("/")
+
+
+def normalise_urls(value: str, *, source: str) -> tuple[str, ...]:
+    """One URL or several separated by commas (API hosts), each as normalise_url."""
+    parts = [part for part in value.split(",") if part.strip()] or [value]
+    return tuple(dict.fromkeys(normalise_url(part, source=source) for part in parts))
 
 
 def load_file(path: Path) -> dict[str, str]:
@@ -123,11 +132,13 @@ def resolve(
             key, key_source = value.strip(), source
             break
 
+    urls = normalise_urls(url, source=url_source)
     return Settings(
-        api_url=normalise_url(url, source=url_source),
+        api_url=urls[0],
         api_key=key,
         url_source=url_source,
         key_source=key_source,
+        api_urls=urls,
     )
 
 

@@ -165,3 +165,30 @@ def test_a_status_the_api_does_not_document_is_shown_with_its_body(gantry, stub_
         "status": 418,
         "error": {"code": "teapot", "message": "I am a teapot.", "field": None},
     }
+
+
+def test_a_submission_unanswered_by_one_api_host_is_resent_to_the_next_with_the_same_key(
+    gantry, stub_server
+):
+    down = f"http://127.0.0.1:{closed_port()}"
+    job = {"id": JOB_ID, "status": "queued", "hold": {"amount": 1_000_000}}
+    stub_server.on("POST", "/v1/jobs", json_answer(202, job))
+    run = gantry(
+        "--api-url", f"{down},{stub_server.url}", "--api-key", "gk_x",
+        "submit", "--prompt", "fox", "--idempotency-key", "key-1",
+    )  # fmt: skip
+    assert run.code == 0, run.err
+    assert f"no answer from {down}; resending to {stub_server.url}" in run.err
+    assert f"Submitted job {JOB_ID}" in run.out
+    [sent] = stub_server.seen
+    assert sent.headers["Idempotency-Key"] == "key-1"
+
+
+def test_when_no_api_host_answers_the_submission_fails_after_trying_each(gantry):
+    first, second = (f"http://127.0.0.1:{closed_port()}" for _ in range(2))
+    run = gantry(
+        "--api-url", f"{first},{second}", "--api-key", "gk_x", "submit", "--prompt", "fox"
+    )  # fmt: skip
+    assert run.code == 4
+    assert f"no answer from {first}; resending to {second}" in run.err
+    assert "Cannot reach the Gantry API" in run.err

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from gantry_client.api import TransportError
+from gantry_client.cli import submit_with_retry
 from tests.multihost.bed import wait_until
 from tests.multihost.platform import (
     API_HOSTS,
@@ -297,21 +298,28 @@ def test_api_host_cut_off_a_client_retrying_on_the_other_with_the_same_key_gets_
     assert [row[0] for row in created] == [retried.data["id"]]  # one job, the same
     assert retried.replayed
 
-    # 2. api-1 down altogether: the client's request times out, the retry creates it once.
+    # 2. api-1 down altogether: the client (given both hosts, as `gantry --api-url
+    # a,b submit` is) gets no answer from api-1 and resends to api-2 with the same key.
     spec = platform.spec(prompt="host down", steps=2, step_seconds=0.1)
     key = "retry-" + uuid.uuid4().hex
     api_1.cut()
     try:
-        with pytest.raises(TransportError):
-            platform.api("api-1", timeout=3).submit_job(spec, idempotency_key=key)
-        second = platform.api("api-2").submit_job(spec, idempotency_key=key)
+        second, answered_by = submit_with_retry(
+            platform.api("api-1", timeout=3),
+            spec,
+            key=key,
+            retries=0,
+            others=[platform.api("api-2")],
+        )
         again = platform.api("api-2").submit_job(spec, idempotency_key=key)
     finally:
         api_1.restore()
+    assert answered_by.base_url == platform.api_url("api-2")
     assert again.data["id"] == second.data["id"] and again.replayed
     platform.wait_jobs([retried.data["id"], second.data["id"]], "succeeded", timeout=60)
     assert_ledger_reconciles(platform)
     platform.figures.append(
-        "API host lost: an answer lost after api-1 committed, and api-1 down: the retry on "
-        "api-2 with the same Idempotency-Key got the same job (1 job each, none held twice)"
+        "API host lost: an answer lost after api-1 committed, and api-1 down (the client, "
+        "given both hosts, resent to api-2 by itself): the retry on api-2 with the same "
+        "Idempotency-Key got the same job (1 job each, none held twice)"
     )
