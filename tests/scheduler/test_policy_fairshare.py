@@ -76,41 +76,37 @@ def test_orgs_entitled_to_all_they_want_are_served_oldest_first():
     assert [d.job_id for d in decisions] == ["b-new"]
 
 
-def test_an_org_wanting_more_than_its_entitlement_waits_behind_the_orgs_within_theirs():
-    # A flood: the flooder holds one of four GPUs, less than its share, but queues twenty
-    # jobs, all older than the other enterprise org's one; a free org holds two, one is
-    # free. Served FIFO, the flood's backlog would always come first; the other org,
-    # entitled to all it wants, gets the GPU.
+def placed_beside_a_flooder(flooder_queued: int, config: PolicyConfig | None = None):
+    """The flooder holds one of four GPUs and queues `flooder_queued` jobs, all older than
+    the other enterprise org's one; a free org holds two, one GPU is free: who is placed?"""
     fleet = [node("n0", gpus=4)]
     running = [allocation("f-run", fleet[0], [0], tier="enterprise", org="flooder")]
     running.append(allocation("c-run", fleet[0], [1, 2], tier="free", org="c"))
     queue = [
-        job(f"f{i}", tier="enterprise", org="flooder", submitted_at=float(i)) for i in range(20)
+        job(f"f{i}", tier="enterprise", org="flooder", submitted_at=float(i))
+        for i in range(flooder_queued)
     ]
     queue.append(job("other", tier="enterprise", org="other", submitted_at=50.0))
-    decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
-    assert [d.job_id for d in decisions if isinstance(d, Place)] == ["other"]
+    decisions = schedule(
+        snapshot(fleet, queue, running=running, now=60.0, config=config or PolicyConfig())
+    )
+    return [d.job_id for d in decisions if isinstance(d, Place)]
+
+
+def test_an_org_wanting_more_than_its_entitlement_waits_behind_the_orgs_within_theirs():
+    # A flood: twenty queued behind the one it holds, less than its share. Served FIFO,
+    # the flood's backlog would always come first; the other org, entitled to all it
+    # wants, gets the GPU.
+    assert placed_beside_a_flooder(20) == ["other"]
 
 
 def test_fifo_slack_lets_an_org_wanting_somewhat_more_than_its_share_keep_its_turn():
-    # The flood above, with only three jobs queued: the flooder wants four GPUs (one held,
-    # three queued) of an entitlement of two. Exactly at its share (slack 1) it waits
-    # behind the other org; with slack 3 it is still "within" and its older job goes
-    # first, FIFO, as strict priority would serve the tier.
-    fleet = [node("n0", gpus=4)]
-    running = [allocation("f-run", fleet[0], [0], tier="enterprise", org="flooder")]
-    running.append(allocation("c-run", fleet[0], [1, 2], tier="free", org="c"))
-    queue = [
-        job(f"f{i}", tier="enterprise", org="flooder", submitted_at=float(i)) for i in range(3)
-    ]
-    queue.append(job("other", tier="enterprise", org="other", submitted_at=50.0))
-
-    def first_placed(config):
-        decisions = schedule(snapshot(fleet, queue, running=running, now=60.0, config=config))
-        return next(d.job_id for d in decisions if isinstance(d, Place))
-
-    assert first_placed(PolicyConfig()) == "other"
-    assert first_placed(PolicyConfig(within_tier_fifo_slack=3.0)) == "f0"
+    # With three queued, the flooder wants four GPUs (one held) of an entitlement of two.
+    # Exactly at its share (slack 1) it waits behind the other org; with slack 3 it is
+    # still "within" and its older job goes first, FIFO, as strict priority would serve
+    # the tier.
+    assert placed_beside_a_flooder(3) == ["other"]
+    assert placed_beside_a_flooder(3, PolicyConfig(within_tier_fifo_slack=3.0))[0] == "f0"
 
 
 def test_aging_lifts_a_starved_free_job():
