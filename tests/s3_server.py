@@ -9,18 +9,15 @@ S3, MinIO or another S3-compatible store the same way (GANTRY_S3_ENDPOINT_URL).
 
 from __future__ import annotations
 
-import http.client
 import os
-import socket
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.worker_harness import Process
+from tests.worker_harness import Process, free_port
 
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -84,26 +81,15 @@ class S3Server:
 
     @classmethod
     def start(cls, tmp: Path) -> S3Server:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
         env = {**os.environ, **FAKE_CREDENTIALS}
         process = Process("moto s3", argv, env, tmp / "moto.log").start()
-        deadline = time.monotonic() + 30
-        while True:
-            process.check_alive()
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/moto-api/")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                process.stop(grace=0)
-                raise RuntimeError(f"moto server not ready:\n{process.log()[-3000:]}")
-            time.sleep(0.1)
+        try:
+            process.wait_http_ok(port, "/moto-api/", timeout=30)
+        except RuntimeError:
+            process.stop(grace=0)
+            raise
         server = cls(process, f"http://127.0.0.1:{port}", f"gantry-test-{uuid.uuid4().hex[:8]}")
         server.client().create_bucket(Bucket=server.bucket)
         return server

@@ -108,6 +108,13 @@ def worker_env(media_root: Path, scratch_root: Path, extra: dict | None = None) 
     return env
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def die_with_parent() -> None:
     """In the child: get SIGTERM if pytest dies, so no orphan worker steals a later run's jobs."""
     import ctypes
@@ -162,6 +169,25 @@ class Process:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name}: no {text!r} yet:\n{self.log()[-3000:]}")
             time.sleep(0.05)
+
+    def wait_http_ok(
+        self, port: int, path: str, *, host: str = "127.0.0.1", timeout: float = 60.0
+    ) -> None:
+        """Wait until GET `path` on host:port answers 200; raise with the log if the
+        process exits or the time runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            try:
+                conn = http.client.HTTPConnection(host, port, timeout=2)
+                conn.request("GET", path)
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} not ready:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
 
     def kill9(self) -> None:
         """SIGKILL the process alone (not its group), as a crashed host would lose it."""
@@ -331,36 +357,24 @@ class ApiServer(Process):
     url: str = ""
 
     @classmethod
-    def launch(cls, pool: WorkerPool, *, workers: int = 1) -> ApiServer:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+    def launch(cls, pool: WorkerPool, *, workers: int = 1, public_url: bool = False) -> ApiServer:
+        """Start it on a free port and wait until /readyz answers; with `public_url`,
+        the links it hands out (results) point at this server."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
         argv = [
             str(Path(sys.executable).parent / "gunicorn"),
             "config.asgi:application",
-            "--config",
-            str(ROOT / "config" / "gunicorn.py"),
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
+            *("--config", str(ROOT / "config" / "gunicorn.py"), "--bind", f"127.0.0.1:{port}"),
+            *("--workers", str(workers)),
         ]
-        env = worker_env(pool.media_root, pool.scratch_root)
-        server = cls("api", argv, env, pool.tmp / "api.log", url=f"http://127.0.0.1:{port}")
+        env = worker_env(
+            pool.media_root, pool.scratch_root, {"GANTRY_PUBLIC_URL": url} if public_url else None
+        )
+        server = cls("api", argv, env, pool.tmp / "api.log", url=url)
         server.start()
-        deadline = time.monotonic() + 60
-        while True:
-            server.check_alive()
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/readyz")
-                if conn.getresponse().status == 200:
-                    return server
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"api server not ready:\n{server.log()[-3000:]}")
-            time.sleep(0.2)
+        server.wait_http_ok(port, "/readyz")
+        return server
 
 
 def apply_fast_settings(settings_fixture, pool: WorkerPool) -> None:

@@ -7,11 +7,8 @@ configures it (GANTRY_API_URL / GANTRY_API_KEY), and talks HTTP to the live serv
 
 from __future__ import annotations
 
-import http.client
 import logging
 import re
-import socket
-import sys
 import threading
 import time
 import uuid
@@ -32,14 +29,12 @@ from apps.ledger import services as ledger
 from gantry_client.api import GantryAPI
 from tests.factories import OrgFactory, ProjectFactory, operator_key, org_key
 from tests.worker_harness import (
-    ROOT,
     ApiServer,
     Beat,
     apply_fast_settings,
     flush_test_redis,
     load_e2e_fleet,
     pool_fixture,
-    worker_env,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -474,32 +469,7 @@ def test_submit_wait_on_a_job_that_keeps_crashing_exits_1_with_its_error(
 
 def launch_asgi_api(pool) -> ApiServer:
     """tests.worker_harness.ApiServer, with result links pointing at that server."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    argv = [
-        str(Path(sys.executable).parent / "gunicorn"),
-        "config.asgi:application",
-        *("--config", str(ROOT / "config" / "gunicorn.py"), "--bind", f"127.0.0.1:{port}"),
-        *("--workers", "1"),
-    ]
-    env = worker_env(pool.media_root, pool.scratch_root, {"GANTRY_PUBLIC_URL": url})
-    server = ApiServer("api", argv, env, pool.tmp / "client-api.log", url=url)
-    server.start()
-    deadline = time.monotonic() + 60
-    while True:
-        server.check_alive()
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return server
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"api server not ready:\n{server.log()[-3000:]}")
-        time.sleep(0.2)
+    return ApiServer.launch(pool, public_url=True)
 
 
 @pytest.fixture(scope="module")

@@ -247,7 +247,7 @@ def start_object_store(bed: Bed, host: str, credentials: dict[str, str]) -> str:
         {**os.environ, **credentials},
     )  # fmt: skip
     endpoint = f"http://{address}:9000"
-    client = boto3.client("s3", endpoint_url=endpoint, **_boto_credentials(credentials))
+    client = boto3.client("s3", endpoint_url=endpoint, **boto_credentials(credentials))
     wait_until(
         lambda: client.create_bucket(Bucket="gantry"),
         what="the S3 store on the services host",
@@ -257,7 +257,7 @@ def start_object_store(bed: Bed, host: str, credentials: dict[str, str]) -> str:
     return endpoint
 
 
-def _boto_credentials(credentials: dict[str, str]) -> dict[str, str]:
+def boto_credentials(credentials: dict[str, str]) -> dict[str, str]:
     return {
         "aws_access_key_id": credentials["AWS_ACCESS_KEY_ID"],
         "aws_secret_access_key": credentials["AWS_SECRET_ACCESS_KEY"],

@@ -16,17 +16,17 @@ import http.client
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
+import redis
 
 from gantry_client.api import GantryAPI
 from tests.multihost.bed import (
     Bed,
-    _boto_credentials,
+    boto_credentials,
     manage,
     start_object_store,
     start_postgres,
@@ -42,6 +42,7 @@ CONTROL_HOSTS = ("control-1", "control-2")
 GPU_HOSTS = ("gpu-1", "gpu-2", "gpu-3")
 HOSTS = ("services", *API_HOSTS, *CONTROL_HOSTS, *GPU_HOSTS)
 GPUS_PER_NODE = 2
+API_PORT = 8000
 METRICS_PORT = 9310  # a GPU worker's /metrics, as in docker-compose.yml
 
 TIMINGS = {
@@ -85,7 +86,7 @@ class Platform:
         return self.env["DATABASE_URL"]
 
     def api_url(self, host: str) -> str:
-        return f"http://{self.bed.hosts[host].address}:8000"
+        return f"http://{self.bed.hosts[host].address}:{API_PORT}"
 
     def api(self, host: str, *, timeout: float = 10.0) -> GantryAPI:
         """The tenant's client, talking to one API host."""
@@ -117,8 +118,6 @@ class Platform:
 
     def pulse(self, node: str) -> dict | None:
         """The node's liveness pulse, as the fleet page reads it (apps.fleet.liveness)."""
-        import redis
-
         raw = redis.Redis.from_url(self.env["REDIS_URL"]).get(f"gantry:node-pulse:{node}")
         return json.loads(raw) if raw else None
 
@@ -134,7 +133,7 @@ class Platform:
         import boto3
 
         client = boto3.client(
-            "s3", endpoint_url=self.s3_endpoint, **_boto_credentials(FAKE_CREDENTIALS)
+            "s3", endpoint_url=self.s3_endpoint, **boto_credentials(FAKE_CREDENTIALS)
         )
         (key,) = self.sql("SELECT result_path FROM jobs_job WHERE id = %s", [job_id])[0]
         prefix = self.env.get("GANTRY_S3_PREFIX", "results/")
@@ -198,9 +197,10 @@ def start_platform(bed: Bed) -> Platform:
     manage(env, "load_fleet")
     operator_key = manage(env, "create_operator_key").strip().splitlines()[-1]
 
+    api_servers = {}
     for host in API_HOSTS:
-        argv = stack_py.api_process(port=8000, workers=1, address=bed.hosts[host].address)
-        bed.start(host, "api", argv, platform.host_env(host))
+        argv = stack_py.api_process(port=API_PORT, workers=1, address=bed.hosts[host].address)
+        api_servers[host] = bed.start(host, "api", argv, platform.host_env(host))
     for host in CONTROL_HOSTS:
         schedule = bed.root / "hosts" / host / "celerybeat-schedule"
         schedule.parent.mkdir(parents=True, exist_ok=True)
@@ -218,13 +218,8 @@ def start_platform(bed: Bed) -> Platform:
         }
         bed.start(host, "worker", argv, platform.host_env(host, **metrics))
 
-    wait_until(
-        lambda: all(_ready(platform.api_url(h)) for h in API_HOSTS),
-        what="both API hosts ready",
-        timeout=90,
-        check=platform.check_alive,
-        every=0.3,
-    )
+    for host, server in api_servers.items():
+        server.wait_http_ok(API_PORT, "/readyz", host=bed.hosts[host].address, timeout=90)
     for host in GPU_HOSTS:
         wait_until(
             lambda host=host: f"{host}@{host} ready." in platform.log(host, "worker"),
@@ -253,16 +248,6 @@ def start_platform(bed: Bed) -> Platform:
     return platform
 
 
-def _ready(url: str) -> bool:
-    parts = urlsplit(url)
-    try:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
-        conn.request("GET", "/readyz")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-
-
 def leading_beat(platform: Platform) -> str:
     """The control host whose beat leads now (the last of its 'beat leads/follows' lines)."""
     leaders = [host for host in CONTROL_HOSTS if last_beat_state(platform, host) == "leads"]
@@ -288,10 +273,4 @@ def log_records(text: str) -> list[dict]:
 
 def wall_clock_of(record: dict) -> float:
     """A JSON log line's timestamp as unix time (every host shares this machine's clock)."""
-    from datetime import datetime
-
     return datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
-
-
-def now() -> float:
-    return time.time()
