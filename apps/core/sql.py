@@ -79,15 +79,20 @@ def execute_last(db, sql: str, params) -> None:
     """
     db.ensure_connection()
     pg = db.connection
-    outermost = (
-        db.in_atomic_block and db.commit_on_exit and not db.savepoint_ids and not db.needs_rollback
-    )
-    if not outermost:
+    if not commits_on_exit(db):
         execute(pg, sql, params)
         return
     with pg.pipeline():
         execute(pg, sql, params)
         pg.execute("COMMIT")
+
+
+def commits_on_exit(db) -> bool:
+    """Whether the current atomic block of `db` is the outermost one, which commits when
+    it exits: a COMMIT may then be sent with its last statement (see execute_last)."""
+    return bool(
+        db.in_atomic_block and db.commit_on_exit and not db.savepoint_ids and not db.needs_rollback
+    )
 
 
 # Types whose str() is already their array element text.
@@ -145,6 +150,19 @@ def insert_rows(*instances, last: bool = False) -> None:
     outermost block, the COMMIT is sent with the INSERT (apps.core.sql.execute_last).
     """
     db = connections[DEFAULT_DB_ALIAS]  # the real wrapper: the proxy costs per access
+    sql, params = insert_statement(*instances)
+    if last:
+        execute_last(db, sql, params)
+    else:
+        db.ensure_connection()
+        execute(db.connection, sql, params)
+    mark_inserted(*instances)
+
+
+def insert_statement(*instances) -> tuple[str, list]:
+    """(SQL, parameters) of the INSERT that insert_rows runs, for a caller that sends it
+    itself (in another statement's round trip); then call mark_inserted."""
+    db = connections[DEFAULT_DB_ALIAS]
     shape, params = [], []
     for instance in instances:
         kinds = []
@@ -169,14 +187,14 @@ def insert_rows(*instances, last: bool = False) -> None:
     sql = _insert_sql.get(shape)
     if sql is None:
         sql = _insert_sql[shape] = _build_insert_sql(shape, db.ops.quote_name)
-    if last:
-        execute_last(db, sql, params)
-    else:
-        db.ensure_connection()
-        execute(db.connection, sql, params)
+    return sql, params
+
+
+def mark_inserted(*instances) -> None:
+    """Mark instances written by insert_statement's SQL as saved (as Model.save would)."""
     for instance in instances:
         instance._state.adding = False
-        instance._state.db = db.alias
+        instance._state.db = DEFAULT_DB_ALIAS
 
 
 # How insert_rows writes each column of a row.

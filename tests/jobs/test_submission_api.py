@@ -12,6 +12,7 @@ from apps.accounts.models import Tier
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.jobs.services.spec import JobSpec, fingerprint_of
+from apps.ledger import services as ledger
 from apps.ledger.models import Hold
 from tests.conftest import client_with
 from tests.factories import OrgFactory, ProjectFactory, UserFactory, org_key
@@ -217,9 +218,26 @@ def test_not_enough_credit_is_402_and_leaves_nothing(project):
     assert not Job.objects.filter(org=poor).exists() and not Hold.objects.filter(org=poor).exists()
 
 
-def test_hard_budget_is_403_and_leaves_nothing(tenant, org, project):
-    from apps.ledger import services as ledger
+def test_a_submission_larger_than_any_lane_runs_again_and_holds_from_every_lane(project):
+    hold = math.ceil(600 * H100_PRICE / 3600)  # spec_body's 600 s on an H100
+    org = OrgFactory()
+    ProjectFactory(org=org, name="video")
+    lanes = override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=1)
+    with lanes:
+        grant_credits(org, amount=hold * 8 // 5)  # four lanes of 0.4 holds each
+        # The lane statement cannot serve it, and without a savepoint the submission's
+        # transaction is aborted: it runs again, and this time draws from every lane.
+        response = submit(client_with(org_key(org)), spec_body(project="video"))
+    assert response.status_code == 202, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.hold.amount == hold
+    assert job.hold.allocations.count() == 3
+    assert Job.objects.filter(org=org).count() == Hold.objects.filter(org=org).count() == 1
+    assert JobEvent.objects.filter(job=job, to_status=JobStatus.QUEUED).count() == 1
+    assert ledger.reconcile(record=False) == []
 
+
+def test_hard_budget_is_403_and_leaves_nothing(tenant, org, project):
     ledger.set_budget(org=org, project=project, limit=CREDIT // 10, period="month", mode="hard")
     response = submit(tenant, spec_body(project="video"))
     assert response.status_code == 403, response.content

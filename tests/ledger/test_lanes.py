@@ -293,3 +293,36 @@ def test_a_fallback_inside_the_callers_transaction_keeps_that_transaction(
     assert Hold.objects.filter(pk=hold.pk).exists()
     assert Org.objects.filter(name="written-before").exists()
     assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_a_savepoint_a_fallback_asks_the_caller_to_run_its_transaction_again(
+    assert_ledger_consistent,
+):
+    org = OrgFactory()
+    with LANES:
+        services.grant(org=org, kind="paid", amount=40 * CREDIT)
+        with pytest.raises(services.ReservationRetry), transaction.atomic():
+            OrgFactory(name="written-before")
+            services.reserve(org=org, amount=35 * CREDIT, idempotency_key="big", savepoint=False)
+        # The whole transaction was rolled back; run again, it draws from every lane.
+        assert not Org.objects.filter(name="written-before").exists()
+        with transaction.atomic():
+            OrgFactory(name="written-before")
+            hold = services.reserve(
+                org=org, amount=35 * CREDIT, idempotency_key="big", savepoint=False
+            )
+    assert len(drawn(hold)) == 4
+    assert Org.objects.filter(name="written-before").exists()
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reservation_without_a_savepoint_that_lacks_credit_aborts_the_callers_transaction():
+    org = OrgFactory()
+    services.grant(org=org, kind="paid", amount=10 * CREDIT)
+    with pytest.raises(InsufficientCredits, match="10000000 µc available"), transaction.atomic():
+        OrgFactory(name="written-before")
+        services.reserve(org=org, amount=11 * CREDIT, idempotency_key="big", savepoint=False)
+    assert not Org.objects.filter(name="written-before").exists()
+    assert not Hold.objects.filter(org=org).exists()

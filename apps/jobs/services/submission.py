@@ -21,6 +21,7 @@ with the same key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from apps.accounts import selectors as accounts
 from apps.accounts.models import APIKey, Org, Project, User
 from apps.core.errors import Conflict
 from apps.core.logging import current_request_id
-from apps.core.sql import NowPlus, insert_rows
+from apps.core.sql import NowPlus, insert_statement, mark_inserted
 from apps.core.wakeup import wake_dispatcher
 from apps.fleet.selectors import GpuTypeInfo
 from apps.jobs import selectors
@@ -131,8 +132,60 @@ def submit_job(
     services.deadlines). Rate limits are the caller's (admission.admit).
     """
     allowed = validate_spec(spec, tier=org.tier)
+    admit = functools.partial(
+        _admit,
+        org=org,
+        project=project,
+        spec=spec,
+        user=user,
+        key=idempotency_key or f"internal:{uuid.uuid4()}",
+        request_digest=request_digest,
+        actor=actor,
+        reason=reason,
+        enforce_quota=enforce_quota,
+        allow_dedup=allow_dedup,
+        allowed=allowed,
+    )
+    for attempt in range(RESERVATION_ATTEMPTS):
+        try:
+            submission = admit()
+            break
+        except ledger.ReservationRetry:
+            # Rolled back whole; the org's next reservation draws from every lane.
+            if attempt + 1 == RESERVATION_ATTEMPTS:
+                raise
+    job = submission.job
+    if submission.replayed or submission.deduplicated:
+        return submission
+    if spec.start_deadline_s is not None:
+        # The database computed the deadline at the insert: read it back for the answer
+        # (one primary-key read, only for a submission that set one).
+        job.start_deadline_at = (
+            Job.objects.filter(pk=job.id).values_list("start_deadline_at", flat=True).get()
+        )
+    return submission
+
+
+# A reservation whose lanes could not serve it asks for the transaction again, once.
+RESERVATION_ATTEMPTS = 2
+
+
+def _admit(
+    *,
+    org: Org,
+    project: Project,
+    spec: JobSpec,
+    user: User | None,
+    key: str,
+    request_digest: str,
+    actor: str,
+    reason: str,
+    enforce_quota: bool,
+    allow_dedup: bool,
+    allowed: list[GpuTypeInfo],
+) -> Submission:
+    """submit_job's transaction: the admission checks, the hold and the job."""
     fingerprint = fingerprint_of(spec)
-    key = idempotency_key or f"internal:{uuid.uuid4()}"
     with transaction.atomic():
         quota = admission.org_limits(org).max_queued if enforce_quota else 0
         snapshot = admission.lock_and_read(org.id, key, fingerprint, up_to=quota)
@@ -180,40 +233,39 @@ def submit_job(
 
         if enforce_quota:
             admission.check_queue_quota(org, queued=snapshot.queued)
-        job_id = uuid.uuid4()
+        job_id, hold_id = uuid.uuid4(), uuid.uuid4()
         amount = hold_amount(spec, allowed)
-        hold = ledger.reserve(
-            org=org,
-            amount=amount,
-            idempotency_key=hold_key(org.id, key),
-            project=project,
-            user=user,
-            job_id=job_id,
-            # Recovery may reclaim the hold only after the job could have waited in the
-            # queue and then run for its whole max runtime.
-            expires_at=timezone.now()
-            + timedelta(seconds=spec.max_runtime_s + settings.GANTRY_HOLD_QUEUE_ALLOWANCE_S),
-        )
-        job = Job(id=job_id, status=JobStatus.QUEUED, hold=hold, **common)
+        job = Job(id=job_id, status=JobStatus.QUEUED, hold_id=hold_id, **common)
         event = JobEvent(
             job=job,
             from_status="",
             to_status=JobStatus.QUEUED,
             reason=reason,
             actor=actor,
-            data={"hold": str(hold.id), "amount": hold.amount, **_request_of_submission()},
+            data={"hold": str(hold_id), "amount": amount, **_request_of_submission()},
         )
         wake_dispatcher()  # on commit
-        # The reserve locked the org's credit buckets: from here to the commit is one
-        # round trip (the COMMIT goes with the INSERT), so they stay locked as briefly
-        # as possible. Nothing may follow it in this block.
-        insert_rows(job, event, last=True)
-    if spec.start_deadline_s is not None:
-        # The database computed the deadline at the insert: read it back for the answer
-        # (one primary-key read, only for a submission that set one).
-        job.start_deadline_at = (
-            Job.objects.filter(pk=job.id).values_list("start_deadline_at", flat=True).get()
+        # One round trip holds the credit, inserts the job and its event, and commits:
+        # the reservation locked the org's credit buckets, so they stay locked only while
+        # it runs and commits. It has no savepoint: a refusal (402, 403) fails the whole
+        # submission anyway. Nothing may follow it in this block.
+        job.hold = ledger.reserve(
+            org=org,
+            amount=amount,
+            idempotency_key=hold_key(org.id, key),
+            project=project,
+            user=user,
+            job_id=job_id,
+            hold_id=hold_id,
+            # Recovery may reclaim the hold only after the job could have waited in the
+            # queue and then run for its whole max runtime.
+            expires_at=timezone.now()
+            + timedelta(seconds=spec.max_runtime_s + settings.GANTRY_HOLD_QUEUE_ALLOWANCE_S),
+            savepoint=False,
+            then=(insert_statement(job, event),),
+            last=True,
         )
+        mark_inserted(job, event)
     return Submission(job=job, allowed_types=allowed)
 
 

@@ -8,7 +8,7 @@ BudgetExceeded (403), Conflict (409: idempotency key reused differently, closed 
 
 from apps.ledger.services.buckets import adjust, expire_buckets, grant
 from apps.ledger.services.budgets import set_budget
-from apps.ledger.services.holds import extend, reserve
+from apps.ledger.services.holds import ReservationRetry, extend, reserve
 from apps.ledger.services.metering import MeterResult, meter
 from apps.ledger.services.reconcile import Violation, reconcile
 from apps.ledger.services.settlement import SettleResult, expire_stale_holds, release, settle
@@ -20,6 +20,7 @@ from apps.ledger.services.usage_batch import (
 
 __all__ = [
     "MeterResult",
+    "ReservationRetry",
     "SettleResult",
     "Violation",
     "adjust",

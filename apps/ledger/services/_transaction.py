@@ -27,12 +27,13 @@ from psycopg.pq import TransactionStatus
 
 from apps.core.errors import BudgetExceeded
 from apps.core.locks import xact_lock_sql
-from apps.core.sql import execute
+from apps.core.sql import commits_on_exit, execute
 
 # SQLSTATEs raised by ledger_raise() (migration 0003) from inside a write statement.
 BUDGET_EXCEEDED = "GLB01"
 LOCK_NOT_HELD = "GLX01"
 LANE_FALLBACK = "GLL01"  # the lanes a reservation chose cannot serve it: try them all
+INSUFFICIENT_CREDITS = "GLC01"  # a reservation found less credit than it asked for
 
 
 class LedgerTransaction:
@@ -44,12 +45,18 @@ class LedgerTransaction:
     (the same round trips), and rolled back to on an error, leaving the caller's
     transaction usable; nothing is committed here. `after_commit()` runs a callback once
     the whole transaction has committed.
+
+    `savepoint=False` (inside the caller's transaction only): the call opens no
+    savepoint of its own, two statements and a subtransaction fewer, for a caller whose
+    transaction stands or falls with this call: an error leaves that transaction
+    aborted, and the caller's atomic block rolls it back.
     """
 
     # One name serves: a nested call shadows it (PostgreSQL uses the newest of a name).
     SAVEPOINT = "gantry_ledger"
 
-    def __init__(self) -> None:
+    def __init__(self, *, savepoint: bool = True) -> None:
+        self.savepoint = savepoint
         self.db = connections[DEFAULT_DB_ALIAS]  # looked up once: the proxy is not free
         self.pg: psycopg.Connection | None = None
         self.owned = False  # BEGIN and COMMIT are ours
@@ -77,7 +84,10 @@ class LedgerTransaction:
         if self._begun:
             return
         self._begun = True
-        self.pg.execute("BEGIN" if self.owned else f"SAVEPOINT {self.SAVEPOINT}")
+        if self.owned:
+            self.pg.execute("BEGIN")
+        elif self.savepoint:
+            self.pg.execute(f"SAVEPOINT {self.SAVEPOINT}")
 
     def query(self, sql: str, params, *, first: tuple = ()) -> list[tuple]:
         """A read, after the `first` (sql, params) statements, in one round trip. Each
@@ -92,10 +102,15 @@ class LedgerTransaction:
             cursor = execute(self.pg, sql, params)
         return cursor.fetchall()
 
-    def write(self, sql: str, params, *, first: tuple = ()) -> tuple:
+    def write(
+        self, sql: str, params, *, first: tuple = (), then: tuple = (), last: bool = False
+    ) -> tuple:
         """The call's last statement, after the `first` (sql, params) statements: one
         round trip, with the BEGIN/SAVEPOINT if nothing was sent yet and the
-        COMMIT/RELEASE.
+        COMMIT/RELEASE. The caller's `then` statements follow it in the same round trip
+        (they run only if it succeeded). `last`: nothing else runs in the caller's
+        atomic block after this call; when that block is the outermost, its COMMIT is
+        sent here too (as apps.core.sql.execute_last does).
 
         A transaction of ours that is all in this round trip (a reservation) sends no
         BEGIN and no COMMIT: the statements of one pipeline sync are one implicit
@@ -108,10 +123,14 @@ class LedgerTransaction:
             for statement, values in first:
                 execute(self.pg, statement, values)
             cursor = execute(self.pg, sql, params)
+            for statement, values in then:
+                execute(self.pg, statement, values)
             if self.owned and not implicit:
                 self.pg.execute("COMMIT")
-            elif self.nested:
+            elif self.nested and self.savepoint:
                 self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")
+            if self.nested and last and commits_on_exit(self.db):
+                self.pg.execute("COMMIT")
         self._begun = self._finished = True
         return cursor.fetchone()
 
@@ -128,7 +147,7 @@ class LedgerTransaction:
             self.db.close()  # Django's wrapper did not see it break: reconnect next time
             return False
         if self.nested:
-            if self._begun and not self._finished:
+            if self.savepoint and self._begun and not self._finished:
                 if exc_type is not None:  # undo this call only
                     self.pg.execute(f"ROLLBACK TO SAVEPOINT {self.SAVEPOINT}")
                 self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")

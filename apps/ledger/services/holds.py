@@ -12,6 +12,7 @@ BEGIN, the budget lock and COMMIT), see services._transaction.
 
 from __future__ import annotations
 
+import time
 import uuid
 import weakref
 from datetime import datetime
@@ -27,6 +28,7 @@ from apps.ledger.models import Account, EntryKind, Hold, HoldState
 from apps.ledger.services import budgets
 from apps.ledger.services._statements import Changes, flush, refused_by_budget
 from apps.ledger.services._transaction import (
+    INSUFFICIENT_CREDITS,
     LANE_FALLBACK,
     LedgerTransaction,
     budget_lock_sql,
@@ -154,6 +156,12 @@ SELECT statement_timestamp(), (SELECT coalesce(sum(available), 0) FROM cand),
        (SELECT count(*) FROM na) + (SELECT count(*) FROM e) + (SELECT count(*) FROM ub),
        (SELECT count(*) FROM ga),
        {lane_fallback},
+       CASE WHEN NOT (SELECT ok FROM drawn) AND NOT {falls_back}
+                 AND NOT EXISTS (SELECT 1 FROM ledger_hold
+                                  WHERE org_id = %(org)s AND idempotency_key = %(key)s)
+            THEN ledger_raise('{insufficient}', format(
+                'Not enough credit: %%s µc available, %%s µc requested.',
+                (SELECT coalesce(sum(available), 0) FROM cand), %(amount)s)) END,
        {budget_checks}
 """
 
@@ -165,10 +173,13 @@ _ONE_LANE_EACH = """
      ORDER BY grp, (lane - %(lane)s %% n + n) %% n
 """
 _EVERY_BUCKET = "SELECT id FROM cand"
+# The fast statement falls back when its lanes drew nothing although the org may have
+# the credit; otherwise a reservation that drew nothing (and whose key is new) raises
+# INSUFFICIENT_CREDITS, so that no statement sent after it in its round trip runs.
+_FALLS_BACK = """(NOT (SELECT ok FROM in_order)
+               OR (SELECT coalesce(sum(available), 0) FROM cand) >= %(amount)s)"""
 _FALLBACK = f"""
-CASE WHEN NOT (SELECT ok FROM drawn)
-          AND (NOT (SELECT ok FROM in_order)
-               OR (SELECT coalesce(sum(available), 0) FROM cand) >= %(amount)s)
+CASE WHEN NOT (SELECT ok FROM drawn) AND {_FALLS_BACK}
      THEN ledger_raise('{LANE_FALLBACK}', 'the chosen lanes cannot serve this hold') END
 """
 
@@ -188,6 +199,8 @@ def _reserve_sql(sources: str, *, lanes: str, lane_fallback: str) -> str:
         .replace("{budgets}", ctes)
         .replace("{budget_checks}", refusals)
         .replace("{lane_fallback}", lane_fallback)
+        .replace("{falls_back}", _FALLS_BACK if lanes == "own" else "false")
+        .replace("{insufficient}", INSUFFICIENT_CREDITS)
         .replace("{burn_order}", ", ".join(BURN_ORDER_SQL))
         .replace("{burn_order_of_c}", ", ".join(f"c.{key}" for key in BURN_ORDER_SQL))
         .replace("{burn_order_of_l}", ", ".join(f"l.{key}" for key in BURN_ORDER_SQL))
@@ -209,6 +222,10 @@ def reserve(
     user=None,
     expires_at: datetime | None = None,
     job_id: uuid.UUID | None = None,
+    hold_id: uuid.UUID | None = None,
+    savepoint: bool = True,
+    then: tuple = (),
+    last: bool = False,
 ) -> Hold:
     """Hold `amount` micro-credits of the org for one job.
 
@@ -223,14 +240,22 @@ def reserve(
     never a second one); the same key with another amount, project or user raises
     Conflict. `expires_at` (default: GANTRY_LEDGER_HOLD_TTL_S from now) is when the
     recovery task may settle the hold if no settle ever comes. `job_id` tags the
-    hold's entries with the job.
+    hold's entries with the job; `hold_id` (default: a new one) is the new hold's id.
+
+    Inside the caller's transaction, the reservation is a savepoint of it, which an
+    error rolls back. With `savepoint=False` it is not, for a caller whose transaction
+    fails with it: an error then aborts the caller's transaction (its atomic block rolls
+    it back), and ReservationRetry asks for the whole transaction to be run again.
+    `then`: the caller's (sql, params) statements, sent after the reservation in its
+    round trip and run only once it has held; `last`: nothing follows in the caller's
+    atomic block, so its COMMIT goes in that round trip too (see LedgerTransaction).
     """
     positive_amount(amount)
     key_or_error(idempotency_key)
     check_scope(org=org, project=project, user=user)
     project_id, user_id = getattr(project, "pk", None), getattr(user, "pk", None)
     request = (amount, project_id, user_id)
-    hold_id = uuid.uuid4()
+    hold_id = hold_id or uuid.uuid4()
     lane = preferred_lane()
     params = {
         "hold": hold_id,
@@ -252,30 +277,25 @@ def reserve(
         "g_lane": lane,
     }
     try:
-        now, available, hold_expires_at, alerts = _draw(RESERVE_FROM_LANES, params, org_id=org.pk)
-    except psycopg.Error as error:
-        if error.sqlstate != LANE_FALLBACK:
-            raise refused_by_budget(error, op="reserve") from error
-        # The chosen lanes could not serve it (rolled back: nothing held, no lock kept).
-        count("reserve", "lane_fallback")
-        try:
-            now, available, hold_expires_at, alerts = _draw(RESERVE, params, org_id=org.pk)
-        except psycopg.Error as again:
-            raise refused_by_budget(again, op="reserve") from again
-    if hold_expires_at is None:  # nothing was written
-        if Hold.objects.filter(org=org, idempotency_key=idempotency_key).exists():
-            # The key is taken (possibly by a caller that committed while this one waited
-            # on the unique index, or took the last credit): that hold, never a second.
-            return _replay(org, idempotency_key, request)
-        if expires_at is not None and expires_at <= now:
-            raise GantryError(
-                "expires_at must be in the future.", code="invalid", field="expires_at"
-            )
-        count("reserve", "insufficient_credits")
-        raise InsufficientCredits(
-            f"Not enough credit: {available} µc available, {amount} µc requested.",
-            field="amount",
+        now, hold_expires_at, alerts = _draw_in_lanes(
+            org.pk, params=params, savepoint=savepoint, then=then, last=last
         )
+    except psycopg.Error as error:
+        if error.sqlstate != INSUFFICIENT_CREDITS:
+            raise refused_by_budget(error, op="reserve") from error
+        if (savepoint or _owns_transaction()) and _key_taken(org, idempotency_key):
+            # A caller with this key held the last credit and committed while this one
+            # waited for the buckets (the statement's snapshot could not see its hold):
+            # that hold, never a second.
+            return _replay(org, idempotency_key, request)
+        count("reserve", "insufficient_credits")
+        raise InsufficientCredits(error.diag.message_primary, field="amount") from error
+    if hold_expires_at is None:  # nothing was written: the key is taken, or expires_at past
+        if _key_taken(org, idempotency_key):
+            # Possibly by a caller that committed while this one waited on the unique
+            # index: that hold, never a second.
+            return _replay(org, idempotency_key, request)
+        raise GantryError("expires_at must be in the future.", code="invalid", field="expires_at")
     count_budget_alerts(alerts)
     count("reserve")
     hold = Hold(
@@ -316,13 +336,71 @@ SESSION_LANE = "SELECT nextval('ledger_session_lane')"
 _SESSION_LANES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _draw(statement: str, params: dict, *, org_id) -> tuple:
+class ReservationRetry(Exception):
+    """A reservation without a savepoint met lanes that could not serve it: the caller's
+    transaction is aborted; run it again (its reservation then draws from every lane)."""
+
+
+# An org whose lanes could not serve a hold reserves from all its buckets for a while
+# (its lanes are running dry, or a higher-ranked grant's are funded): the fast statement
+# would only fail again.
+EVERY_LANE_FOR_S = 10.0
+_EVERY_LANE_UNTIL: dict = {}
+
+
+def _draws_from_every_lane(org_id) -> bool:
+    until = _EVERY_LANE_UNTIL.get(org_id)
+    if until is None:
+        return False
+    if until > time.monotonic():
+        return True
+    _EVERY_LANE_UNTIL.pop(org_id, None)
+    return False
+
+
+def _remember_every_lane(org_id) -> None:
+    now = time.monotonic()
+    if len(_EVERY_LANE_UNTIL) > 10_000:  # forget the orgs whose time is up
+        for key in [key for key, until in _EVERY_LANE_UNTIL.items() if until <= now]:
+            _EVERY_LANE_UNTIL.pop(key, None)
+    _EVERY_LANE_UNTIL[org_id] = now + EVERY_LANE_FOR_S
+
+
+def _owns_transaction() -> bool:
+    return connections[DEFAULT_DB_ALIAS].get_autocommit()
+
+
+def _key_taken(org, key: str) -> bool:
+    return Hold.objects.filter(org=org, idempotency_key=key).exists()
+
+
+def _draw_in_lanes(org_id, *, params: dict, savepoint: bool, then, last) -> tuple:
+    """The fast statement (one lane of each grant and budget), and the complete one when
+    those lanes cannot serve the hold: (now, the hold's expires_at or None, alerts)."""
+    draw = {"params": params, "org_id": org_id, "savepoint": savepoint, "then": then, "last": last}
+    if _draws_from_every_lane(org_id):
+        return _draw(RESERVE, **draw)
+    alone_or_savepoint = savepoint or _owns_transaction()
+    try:
+        return _draw(RESERVE_FROM_LANES, **draw)
+    except psycopg.Error as error:
+        if error.sqlstate != LANE_FALLBACK:
+            raise
+        # The chosen lanes could not serve it (rolled back: nothing held, no lock kept).
+        count("reserve", "lane_fallback")
+        _remember_every_lane(org_id)
+        if not alone_or_savepoint:
+            raise ReservationRetry from error
+    return _draw(RESERVE, **draw)
+
+
+def _draw(statement: str, *, params: dict, org_id, savepoint: bool, then, last) -> tuple:
     """Run one reservation statement in its own transaction (or savepoint)."""
-    with LedgerTransaction() as tx:
-        now, available, hold_expires_at, _written, alerts, *_checks = tx.write(
-            statement, params, first=[(BUDGET_LOCK, {"org": org_id})]
+    with LedgerTransaction(savepoint=savepoint) as tx:
+        now, _available, hold_expires_at, _written, alerts, *_checks = tx.write(
+            statement, params, first=[(BUDGET_LOCK, {"org": org_id})], then=then, last=last
         )
-    return now, available, hold_expires_at, alerts
+    return now, hold_expires_at, alerts
 
 
 def _replay(org, key: str, request: tuple) -> Hold:
