@@ -139,7 +139,12 @@ class JobListView(GenericAPIView):
         result = submission.submit_api_request(
             api_key=principal.api_key, body=request.data, idempotency_key=key
         )
-        response = Response(job_body(result.job), status=status.HTTP_202_ACCEPTED)
+        # A job queued by this request has no queue state yet (no dispatcher round has
+        # seen it): no Redis read for it; a replayed one may have one.
+        states = None if result.replayed else {}
+        response = Response(
+            job_body(result.job, queue_states=states), status=status.HTTP_202_ACCEPTED
+        )
         if result.replayed:
             response["Idempotent-Replayed"] = "true"
         return response
