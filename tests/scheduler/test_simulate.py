@@ -162,6 +162,35 @@ def test_preemption_stops_the_victim_after_its_grace_and_charges_lost_work():
     assert 8 * 10 <= result.lost_gpu_seconds <= 8 * 30
 
 
+def test_enterprise_waits_are_also_reported_where_it_could_have_started_at_once():
+    # One 8-GPU node. "urgent" arrives while a free job holds the node (it may preempt
+    # it): startable at once. "behind" arrives while the enterprise job holds it: not.
+    jobs = [
+        _job("victim", "free", 8, 0.0, work=400.0),
+        _job("urgent", "enterprise", 8, 100.0, work=100.0),
+        _job("behind", "enterprise", 8, 150.0, work=50.0),
+    ]
+    sim = Simulation(
+        synthetic_fleet(8),
+        _tiny_workload(jobs),
+        POLICIES["fair"],
+        policy_name="fair",
+        duration_s=1200.0,
+        warmup_s=0.0,
+        queue_quota={},
+    )
+    result = sim.run()
+    records = {r.id: r for r in result.jobs}
+    assert records["urgent"].startable_at_once
+    assert not records["behind"].startable_at_once
+    assert not records["victim"].startable_at_once  # only enterprise jobs are assessed
+    summary = summarize(result)
+    assert summary.startable_waits.count == 1
+    urgent_wait = records["urgent"].first_start - 100.0
+    assert summary.startable_waits.p95 == pytest.approx(urgent_wait)
+    assert summary.waits["enterprise"].count == 2
+
+
 def test_the_engine_rejects_a_decision_that_breaks_the_cluster():
     def greedy_double_booking(snapshot):
         # Starts a job, then claims the very same GPU for a second job.

@@ -92,6 +92,9 @@ class JobRecord:
     finished_at: float | None = None
     preemptions: int = 0
     estimated_start: float | None = None  # the first estimate the policy gave it
+    # Enterprise: as it arrived, some node had enough GPUs of a type it may use that were
+    # free or held by preemptible lower-tier work (where a prompt start is promised).
+    startable_at_once: bool = False
 
 
 @dataclass(slots=True)
@@ -504,7 +507,46 @@ class Simulation:
             record.admitted = False
             self.rejected[spec.tier] += 1
             return
+        if spec.tier == "enterprise":
+            record.startable_at_once = self._startable_at_once(spec)
         self._enqueue(state)
+
+    def _startable_at_once(self, spec: JobSpec) -> bool:
+        """Whether the job could start at once, taking GPUs that are free or held by work
+        it may preempt (of a lower tier, preemptible, under the per-job cap, not
+        stopping): one node has `spec.gpu_count` such GPUs of one type it may use, and
+        the fleet has enough of them for it after the GPUs of the jobs of its tier that
+        already wait (counted whatever their types)."""
+        rank = TIER_RANK[spec.tier]
+        cap = self.config.max_preemptions_per_job
+        yielding = {
+            gpu.id
+            for allocation in self.allocations.values()
+            if TIER_RANK[allocation.record.tier] < rank
+            and allocation.record.preemptible
+            and allocation.record.preemptions < cap
+            and not allocation.record.stopping
+            for gpu in allocation.gpus
+        }
+        waiting_ahead = sum(
+            gpus for (tier, _org), (_jobs, gpus) in self.queued_totals.items() if tier == spec.tier
+        )
+        types = set(spec.gpu_types)
+        fits_on_a_node, supply = False, 0
+        for node in self.nodes:
+            if node.state != "active":
+                continue
+            counts: dict[str, int] = {}
+            for gpu in node.gpus:
+                if (
+                    (gpu.free or gpu.id in yielding)
+                    and (not types or gpu.type in types)
+                    and self.gpu_memory.get(gpu.type, 0.0) >= spec.min_gpu_memory_gb
+                ):
+                    counts[gpu.type] = counts.get(gpu.type, 0) + 1
+            supply += sum(counts.values())
+            fits_on_a_node = fits_on_a_node or max(counts.values(), default=0) >= spec.gpu_count
+        return fits_on_a_node and supply - waiting_ahead >= spec.gpu_count
 
     def _enqueue(self, state: _JobState) -> None:
         spec = state.spec

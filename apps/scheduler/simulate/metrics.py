@@ -11,6 +11,9 @@ Definitions (all over the measured window [warm-up, end)):
   starts are followed into the drain after it, if the run has one); a job still waiting
   at the end counts with its wait so far (a lower bound), so "max" is the longest any
   job has waited, started or not;
+- enterprise, startable at once: the start waits of the enterprise jobs that, as they
+  arrived, could have started on GPUs that were free or held by preemptible lower-tier
+  work (enough of one type on one node): where the promise of a prompt start applies;
 - Jain's index per tier, time-weighted: the measured time is cut into 60 s windows; in
   each, over the orgs of the tier that had demand (work queued or running), x_i = the
   GPUs org i held on average / its max-min fair share of what the tier held (water-fill
@@ -56,6 +59,7 @@ class Summary:
     utilisation_while_queued: float
     idle_usable: float  # GPU-time idle while queued work could use it, over all GPU-time
     waits: dict[str, WaitStats]
+    startable_waits: WaitStats  # enterprise jobs startable at once (module docstring)
     jain: dict[str, tuple[float | None, int]]  # tier -> (index, orgs counted)
     jain_throughout: dict[str, tuple[float | None, int]]  # the earlier definition
     preemptions: int
@@ -176,6 +180,9 @@ def summarize(result: SimResult) -> Summary:
         utilisation_while_queued=utilisation_while_queued(result),
         idle_usable=result.idle_usable_gpu_seconds / gpu_time if gpu_time else 0.0,
         waits={tier: wait_stats(result, lambda r, t=tier: r.tier == t) for tier in TIERS},
+        startable_waits=wait_stats(
+            result, lambda r: r.tier == "enterprise" and r.startable_at_once
+        ),
         jain={tier: tier_jain(result, tier) for tier in TIERS},
         jain_throughout={tier: tier_jain_throughout(result, tier) for tier in TIERS},
         preemptions=result.preemptions,
@@ -198,6 +205,7 @@ def format_table(summaries: list[Summary]) -> str:
     header = (
         "| policy | util. while queued | idle, usable by queued work | "
         + " | ".join(f"{tier} wait p50 / p95 / max (s)" for tier in TABLE_TIERS)
+        + " | enterprise startable at once: jobs, wait p95 (s)"
         + " | Jain "
         + " / ".join(TABLE_TIERS)
         + " | waiting at end "
@@ -216,6 +224,7 @@ def format_table(summaries: list[Summary]) -> str:
         rows.append(
             f"| {s.policy} | {s.utilisation_while_queued:.1%} | {s.idle_usable:.2%} | "
             + " | ".join(s.waits[tier].cell() for tier in TABLE_TIERS)
+            + f" | {s.startable_waits.count}, {s.startable_waits.p95:.0f}"
             + f" | {jain} | {waiting} | {s.preemptions} | "
             f"{s.lost_gpu_seconds / 3600:.1f} ({s.lost_fraction:.2%}) | "
             f"{s.admitted} / {s.rejected} | {estimate} | {s.cpu_time_s:.0f} |"
