@@ -89,12 +89,14 @@ class Job(models.Model):
     hold = models.OneToOneField(
         "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="job"
     )
+    # Indexed by job_reused_from, partial: almost every job has none.
     reused_from = models.ForeignKey(
         "self",
         null=True,
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
+        db_index=False,
         help_text="Deduplicated: the earlier successful job whose result this one returns.",
     )
 
@@ -130,6 +132,12 @@ class Job(models.Model):
             models.Index(fields=["status", "queued_at"], name="job_status_queue"),
             models.Index(fields=["org", "status"], name="job_org_status"),
             models.Index(fields=["fingerprint"], name="job_fingerprint"),
+            # Partial: only deduplicated jobs have one (no index entry to write per job).
+            models.Index(
+                fields=["reused_from"],
+                condition=Q(reused_from__isnull=False),
+                name="job_reused_from",
+            ),
             # The start-deadline sweep: queued jobs with a deadline, soonest first. Partial,
             # so a submission without a deadline writes no entry, and small (queued only).
             models.Index(
@@ -284,7 +292,10 @@ class JobEvent(models.Model):
 
     # Indexed by jobevent_job_at, which leads with job.
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="events", db_index=False)
-    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT)
+    # Indexed by jobevent_attempt, partial: a submission's event has none.
+    attempt = models.ForeignKey(
+        Attempt, null=True, blank=True, on_delete=models.PROTECT, db_index=False
+    )
     at = models.DateTimeField(db_default=models.functions.Now())
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
@@ -298,6 +309,9 @@ class JobEvent(models.Model):
             models.Index(fields=["job", "at"], name="jobevent_job_at"),
             # The audit trail reads every job's events newest first.
             models.Index(fields=["at", "id"], name="jobevent_at"),
+            models.Index(
+                fields=["attempt"], condition=Q(attempt__isnull=False), name="jobevent_attempt"
+            ),
         ]
 
     def __str__(self):
