@@ -7,6 +7,7 @@ import uuid
 import pytest
 from django.db import connection
 from django.test import override_settings
+from prometheus_client import REGISTRY
 
 from apps.accounts.models import Tier
 from apps.jobs import selectors
@@ -477,3 +478,43 @@ def test_concurrent_submissions_never_overshoot_the_queue_quota():
 
     assert sorted(codes) == [202] * 5 + [429] * 7
     assert Job.objects.filter(org=org, status=JobStatus.QUEUED).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submissions_as_the_lanes_run_dry_hold_exactly_the_credit_there_is():
+    # Four lanes of 2.6 holds each: 10 submissions can be held, and as lanes run dry the
+    # lane statements fall back and their submissions run again (no savepoint to return
+    # to). Every submission ends 202 or 402, never twice held, never overdrawn.
+    reset_job_state()
+    hold = math.ceil(600 * H100_PRICE / 3600)
+    org = OrgFactory(tier=Tier.PAID)
+    ProjectFactory(org=org, name="video")
+    raw_key = org_key(org)
+    lanes = override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=1)
+    with lanes:
+        grant_credits(org, amount=hold * 104 // 10)
+    fallbacks = {"op": "reserve", "outcome": "lane_fallback"}
+    fallbacks_before = REGISTRY.get_sample_value("gantry_ledger_operations_total", fallbacks)
+    barrier = threading.Barrier(16)
+    codes = []
+
+    def client_thread():
+        client = client_with(raw_key)
+        barrier.wait()
+        try:
+            codes.append(submit(client, spec_body(project="video")).status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client_thread) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(codes) == [202] * 10 + [402] * 6
+    assert Job.objects.filter(org=org).count() == Hold.objects.filter(org=org).count() == 10
+    assert sum(Hold.objects.filter(org=org).values_list("amount", flat=True)) == 10 * hold
+    assert ledger.reconcile(record=False) == []
+    fallbacks_after = REGISTRY.get_sample_value("gantry_ledger_operations_total", fallbacks)
+    assert (fallbacks_after or 0) > (fallbacks_before or 0)  # some submission ran again

@@ -117,20 +117,33 @@ class LedgerTransaction:
         transaction, which PostgreSQL commits at the sync, or rolls back whole on an
         error. Two statements fewer to send, parse and run."""
         implicit = self.owned and not self._begun
-        with self.pg.pipeline():
-            if not implicit:
-                self._open()
-            for statement, values in first:
-                execute(self.pg, statement, values)
-            cursor = execute(self.pg, sql, params)
-            for statement, values in then:
-                execute(self.pg, statement, values)
-            if self.owned and not implicit:
-                self.pg.execute("COMMIT")
-            elif self.nested and self.savepoint:
-                self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")
-            if self.nested and last and commits_on_exit(self.db):
-                self.pg.execute("COMMIT")
+        refusal = None
+        try:
+            with self.pg.pipeline():
+                try:
+                    if not implicit:
+                        self._open()
+                    for statement, values in first:
+                        execute(self.pg, statement, values)
+                    cursor = execute(self.pg, sql, params)
+                    for statement, values in then:
+                        execute(self.pg, statement, values)
+                    if self.owned and not implicit:
+                        self.pg.execute("COMMIT")
+                    elif self.nested and self.savepoint:
+                        self.pg.execute(f"RELEASE SAVEPOINT {self.SAVEPOINT}")
+                    if self.nested and last and commits_on_exit(self.db):
+                        self.pg.execute("COMMIT")
+                except psycopg.Error as error:
+                    # A statement refused itself (a budget, the credit) while later ones
+                    # were queued: the pipeline's exit reports the abort again, which
+                    # psycopg would log as a warning beside this error. Raise this one.
+                    refusal = error
+        except psycopg.Error:
+            if refusal is None:
+                raise
+        if refusal is not None:
+            raise refusal
         self._begun = self._finished = True
         return cursor.fetchone()
 
