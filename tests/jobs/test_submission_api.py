@@ -428,23 +428,7 @@ def test_twenty_concurrent_identical_submissions_make_one_job_and_one_hold():
     org = funded_org(tier=Tier.ENTERPRISE)
     ProjectFactory(org=org, name="video")
     raw_key = org_key(org)
-    body = spec_body(project="video")
-    barrier = threading.Barrier(20)
-    answers = []
-
-    def client_thread():
-        client = client_with(raw_key)
-        barrier.wait()
-        try:
-            answers.append(submit(client, body, key="same-key"))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=client_thread) for _ in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = submit_at_once(raw_key, 20, spec_body(project="video"), key="same-key")
 
     assert [a.status_code for a in answers] == [202] * 20, [a.content for a in answers]
     assert len({a.json()["id"] for a in answers}) == 1
@@ -458,25 +442,9 @@ def test_concurrent_submissions_never_overshoot_the_queue_quota():
     reset_job_state()
     org = funded_org(tier=Tier.PAID, max_queued_jobs=5)
     ProjectFactory(org=org, name="video")
-    raw_key = org_key(org)
-    barrier = threading.Barrier(12)
-    codes = []
+    answers = submit_at_once(org_key(org), 12, spec_body(project="video"))
 
-    def client_thread():
-        client = client_with(raw_key)
-        barrier.wait()
-        try:
-            codes.append(submit(client, spec_body(project="video")).status_code)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=client_thread) for _ in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert sorted(codes) == [202] * 5 + [429] * 7
+    assert sorted(a.status_code for a in answers) == [202] * 5 + [429] * 7
     assert Job.objects.filter(org=org, status=JobStatus.QUEUED).count() == 5
 
 
@@ -489,32 +457,38 @@ def test_concurrent_submissions_as_the_lanes_run_dry_hold_exactly_the_credit_the
     hold = math.ceil(600 * H100_PRICE / 3600)
     org = OrgFactory(tier=Tier.PAID)
     ProjectFactory(org=org, name="video")
-    raw_key = org_key(org)
     lanes = override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=1)
     with lanes:
         grant_credits(org, amount=hold * 104 // 10)
     fallbacks = {"op": "reserve", "outcome": "lane_fallback"}
     fallbacks_before = REGISTRY.get_sample_value("gantry_ledger_operations_total", fallbacks)
-    barrier = threading.Barrier(16)
-    codes = []
+    answers = submit_at_once(org_key(org), 16, spec_body(project="video"))
 
-    def client_thread():
-        client = client_with(raw_key)
-        barrier.wait()
-        try:
-            codes.append(submit(client, spec_body(project="video")).status_code)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=client_thread) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert sorted(codes) == [202] * 10 + [402] * 6
+    assert sorted(a.status_code for a in answers) == [202] * 10 + [402] * 6
     assert Job.objects.filter(org=org).count() == Hold.objects.filter(org=org).count() == 10
     assert sum(Hold.objects.filter(org=org).values_list("amount", flat=True)) == 10 * hold
     assert ledger.reconcile(record=False) == []
     fallbacks_after = REGISTRY.get_sample_value("gantry_ledger_operations_total", fallbacks)
     assert (fallbacks_after or 0) > (fallbacks_before or 0)  # some submission ran again
+
+
+def submit_at_once(raw_key: str, count: int, body: dict, *, key: str | None = None) -> list:
+    """`count` clients of one org key submit `body` together (each on its own database
+    connection, released by one barrier); their answers."""
+    barrier = threading.Barrier(count)
+    answers = []
+
+    def client_thread():
+        client = client_with(raw_key)
+        barrier.wait()
+        try:
+            answers.append(submit(client, body, key=key))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client_thread) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
