@@ -318,8 +318,11 @@ def test_a_policy_option_changes_the_fair_policy_and_a_bad_one_is_refused(capsys
         )
         == 0
     )
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| fair"))
-    assert row.split("|")[9].strip() == "0"  # the preemptions column: preemption is off
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("| policy")).split("|")
+    row = next(line for line in lines if line.startswith("| fair")).split("|")
+    preemptions = [cell.strip() for cell in header].index("preemptions")
+    assert row[preemptions].strip() == "0"  # preemption is off
     with pytest.raises(SystemExit):
         main([*base, "--policy-option", "no_such_knob=1"])
     assert "bad policy option" in capsys.readouterr().err
