@@ -247,8 +247,10 @@ def reserve(
     fails with it: an error then aborts the caller's transaction (its atomic block rolls
     it back), and ReservationRetry asks for the whole transaction to be run again.
     `then`: the caller's (sql, params) statements, sent after the reservation in its
-    round trip and run only once it has held; `last`: nothing follows in the caller's
-    atomic block, so its COMMIT goes in that round trip too (see LedgerTransaction).
+    round trip; a refusal (402, 403) keeps them from running, but a replay (the key is
+    taken: nothing new held) does not, so a caller whose key may already hold must not
+    send them. `last`: nothing follows in the caller's atomic block, so its COMMIT goes
+    in that round trip too (see LedgerTransaction).
     """
     positive_amount(amount)
     key_or_error(idempotency_key)
