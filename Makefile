@@ -54,7 +54,7 @@ BENCHES ?= scheduler dispatch ledger api stream
 BENCH_ARGS_scheduler ?= --queued 10000 100000 --repeat 3
 BENCH_ARGS_dispatch ?= --queued 10000 100000 --no-apply
 BENCH_ARGS_ledger ?= --seconds 5 --warm-up 2
-BENCH_ARGS_api ?= --duration 10 --warmup 2
+BENCH_ARGS_api ?= --duration 5 --warmup 2 --rounds 3
 BENCH_ARGS_stream ?= --duration 5 --warmup 2 --probes 100
 
 define bench_one

@@ -170,7 +170,10 @@ def began_in_window(now: float, measure_from: float, stop_at: float) -> bool:
     return measure_from <= now < stop_at
 
 
-def run_load(args, mode: str, keys: list[str], project: str, server_pid: int | None) -> dict:
+def run_load(
+    args, mode: str, keys: list[str], project: str, server_pid: int | None, *, warmup: float
+) -> dict:
+    """One window of load: its raw latencies, statuses and CPU seconds by process group."""
     out = mp.Queue()
     # CLOCK_MONOTONIC is system-wide: every process starts, and the window opens, together.
     start = time.monotonic() + 0.5
@@ -186,7 +189,7 @@ def run_load(args, mode: str, keys: list[str], project: str, server_pid: int | N
                 mode,
                 args.threads,
                 start,
-                args.warmup,
+                warmup,
                 args.duration,
                 out,
             ),
@@ -197,10 +200,10 @@ def run_load(args, mode: str, keys: list[str], project: str, server_pid: int | N
         proc.start()
     # CPU spent in the measured window by the clients, gunicorn and the bench database's
     # PostgreSQL backends (Linux /proc; absent elsewhere or for a remote server).
-    sleep_until(start + args.warmup)
+    sleep_until(start + warmup)
     groups = cpu_groups([proc.pid for proc in procs], server_pid)
     cpu_before = {name: cpu_seconds(pids) for name, pids in groups.items()}
-    sleep_until(start + args.warmup + args.duration)
+    sleep_until(start + warmup + args.duration)
     groups = cpu_groups([proc.pid for proc in procs], server_pid)
     cpu_used = {name: cpu_seconds(pids) - cpu_before[name] for name, pids in groups.items()}
     latencies, statuses = [], {}
@@ -211,19 +214,36 @@ def run_load(args, mode: str, keys: list[str], project: str, server_pid: int | N
             statuses[status] = statuses.get(status, 0) + n
     for proc in procs:
         proc.join()
+    return {"latencies": latencies, "statuses": statuses, "cpu_s": cpu_used, "s": args.duration}
+
+
+def summarize(windows: list[dict]) -> dict:
+    """The figures of one mode over its windows (the rounds of a run) together."""
+    latencies = [latency for window in windows for latency in window["latencies"]]
+    statuses: dict[int, int] = {}
+    cpu_s: dict[str, float] = {}
+    for window in windows:
+        for status, n in window["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + n
+        for name, used in window["cpu_s"].items():
+            cpu_s[name] = cpu_s.get(name, 0.0) + used
     ok = sum(n for status, n in statuses.items() if 200 <= status < 300)
     requests = sum(statuses.values())
     return {
-        "cpu_ms": {name: used * 1000 / requests for name, used in cpu_used.items()}
+        "cpu_ms": {name: used * 1000 / requests for name, used in cpu_s.items()}
         if requests
         else {},
-        "ok_per_s": ok / args.duration,
-        "requests": sum(statuses.values()),
+        "ok_per_s": ok / sum(window["s"] for window in windows),
+        "requests": requests,
         "statuses": dict(sorted(statuses.items())),
         "p50_ms": percentile(latencies, 0.50) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
         "mean_ms": (statistics.fmean(latencies) * 1000) if latencies else float("nan"),
     }
+
+
+def ok_per_s(window: dict) -> float:
+    return sum(n for status, n in window["statuses"].items() if 200 <= status < 300) / window["s"]
 
 
 # --- a scratch server ----------------------------------------------------------------------
@@ -356,6 +376,14 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="connections per process")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate submissions and /healthz this many times (--duration each, the "
+        "warm-up before the first; 1 s before the others): a ratio per round, so the "
+        "machine's drift shows instead of skewing one ratio",
+    )
     # The API's own settings (config/gunicorn.py: uvicorn workers, 4 request threads each
     # (GANTRY_API_THREADS); 3 workers by default).
     parser.add_argument("--server-workers", type=int, default=3)
@@ -414,8 +442,12 @@ def main(argv=None) -> int:
         print(f"server's Python: {platform.python_version()} ({os.path.realpath(sys.executable)})")
         load_before = os.getloadavg()[0]
         server_pid = server.pid if server is not None else None
-        submit = run_load(args, "submit", keys, project, server_pid)
-        health = run_load(args, "health", keys, project, server_pid)
+        submits, healths = [], []
+        for round_ in range(max(1, args.rounds)):
+            warmup = args.warmup if round_ == 0 else 1.0
+            submits.append(run_load(args, "submit", keys, project, server_pid, warmup=warmup))
+            healths.append(run_load(args, "health", keys, project, server_pid, warmup=warmup))
+        submit, health = summarize(submits), summarize(healths)
         load_after = os.getloadavg()[0]
     finally:
         if server is not None:
@@ -437,6 +469,16 @@ def main(argv=None) -> int:
     print(f"load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}")
     ratio = submit["ok_per_s"] / health["ok_per_s"] if health["ok_per_s"] else float("nan")
     print(f"submissions / healthz throughput ratio: {ratio:.2f}")
+    if len(submits) > 1:
+        ratios = [
+            ok_per_s(s) / ok_per_s(h) if ok_per_s(h) else float("nan")
+            for s, h in zip(submits, healths, strict=True)
+        ]
+        rates = ", ".join(f"{ok_per_s(s):.0f}" for s in submits)
+        print(
+            f"per round: submissions/s {rates}; ratio {', '.join(f'{r:.3f}' for r in ratios)} "
+            f"(median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f})"
+        )
     met = submit["ok_per_s"] >= 300 and submit["p99_ms"] < 200
     print(f"target (>= 300 submissions/s, p99 < 200 ms): {'met' if met else 'NOT met'}")
     return 0

@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             f"clients, {args.duration:g} s each; {os.cpu_count()} CPUs"
         )
         job_ids = submit_jobs(args.url, stream_key, project, args.streams)
-        without = api_bench.run_load(args, "submit", load_keys, project, server.pid)
+        without = api_bench.summarize(
+            [api_bench.run_load(args, "submit", load_keys, project, server.pid, warmup=args.warmup)]
+        )
         rss_before = rss_kib(workers)
         ready, out = mp.Event(), mp.Queue()
         holder = mp.Process(
@@ -188,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         open_s = time.monotonic() - opened
         time.sleep(2)
         rss_after = rss_kib(workers)
-        with_streams = api_bench.run_load(args, "submit", load_keys, project, server.pid)
+        with_streams = api_bench.summarize(
+            [api_bench.run_load(args, "submit", load_keys, project, server.pid, warmup=args.warmup)]
+        )
         probes = job_ids[: args.probes]
         sent = cancel_and_time(args.url, stream_key, probes)
         time.sleep(2)
@@ -197,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         holder.join(timeout=30)
         # Again without: the queue grew meanwhile, and admission reads it; the baseline is
         # the mean of the runs before and after, so growth does not count against streams.
-        after = api_bench.run_load(args, "submit", load_keys, project, server.pid)
+        after = api_bench.summarize(
+            [api_bench.run_load(args, "submit", load_keys, project, server.pid, warmup=args.warmup)]
+        )
     finally:
         stop.set()
         if holder is not None and holder.is_alive():
