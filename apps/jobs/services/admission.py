@@ -11,9 +11,14 @@ of all free submissions together, and once the platform-wide queue passes
 GANTRY_SHED_FREE_QUEUE_DEPTH free submissions get 429 while paid and enterprise
 submissions are admitted as before.
 
+Queue quotas are PostgreSQL's: near its max_queued an org's queued jobs are counted
+under a lock. Far from it the count is skipped on the strength of an estimate in Redis
+(QUEUED_ESTIMATE_KEY: PostgreSQL's count at most once a second per org, plus the
+submissions admitted since), read in the rate limit's round trip.
+
 Redis holds only rebuildable state: if it is unreachable, submissions are admitted
-(fail open) and the failure is logged; quotas, credits and budgets are still enforced by
-PostgreSQL.
+(fail open) and the failure is logged; quotas (counted every time while Redis is
+away), credits and budgets are still enforced by PostgreSQL.
 """
 
 from __future__ import annotations
