@@ -11,14 +11,9 @@ of all free submissions together, and once the platform-wide queue passes
 GANTRY_SHED_FREE_QUEUE_DEPTH free submissions get 429 while paid and enterprise
 submissions are admitted as before.
 
-Queue quotas are PostgreSQL's: near its max_queued an org's queued jobs are counted
-under a lock. Far from it the count is skipped on the strength of an estimate in Redis
-(QUEUED_ESTIMATE_KEY: PostgreSQL's count at most once a second per org, plus the
-submissions admitted since), read in the rate limit's round trip.
-
 Redis holds only rebuildable state: if it is unreachable, submissions are admitted
-(fail open) and the failure is logged; quotas (counted every time while Redis is
-away), credits and budgets are still enforced by PostgreSQL.
+(fail open) and the failure is logged; quotas, credits and budgets are still enforced by
+PostgreSQL.
 """
 
 from __future__ import annotations
@@ -84,27 +79,11 @@ return 0
 QUEUE_DEPTH_KEY = "gantry:admission:queue_depth"
 QUEUE_DEPTH_TTL_MS = 1000
 
-# An org's queued jobs as PostgreSQL last counted them (at most once a second per org),
-# plus every submission admitted since: an estimate that errs high (jobs that left the
-# queue since, submissions refused after admission) and low only by jobs requeued within
-# that second, which the quota's lock margin covers. Far from the quota, a submission
-# trusts it and counts nothing: counting costs PostgreSQL CPU in proportion to the queue.
-QUEUED_ESTIMATE_KEY = "gantry:admission:queued:{}"
-QUEUED_ESTIMATE_TTL_MS = 1000
-# KEYS: the estimate. The next estimate (this submission counted), or false if unknown.
-COUNT_ADMITTED_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.call('INCR', KEYS[1])
-end
-return false
-"""
-
 # While Redis is unreachable, admission skips it for this long instead of paying a
 # connect timeout on every submission.
 REDIS_BACKOFF_S = 5.0
 
 _bucket_script = None
-_count_script = None
 _redis_down_until = 0.0
 
 
@@ -114,13 +93,6 @@ def _rate_limit_script():
     if _bucket_script is None:
         _bucket_script = redis_client().register_script(RATE_LIMIT_LUA)
     return _bucket_script
-
-
-def _count_admitted_script():
-    global _count_script
-    if _count_script is None:
-        _count_script = redis_client().register_script(COUNT_ADMITTED_LUA)
-    return _count_script
 
 
 def _redis_available() -> bool:
@@ -166,12 +138,10 @@ def tier_bucket_key(tier: str) -> str:
     return f"gantry:ratelimit:tier:{tier}"
 
 
-def check_rate(org: Org, *, cost: int = 1) -> int | None:
+def check_rate(org: Org, *, cost: int = 1) -> None:
     """Draw `cost` submissions from the org's (and its tier's) bucket, or raise 429.
 
     The 429 carries Retry-After: the whole seconds until the bucket refills enough.
-    Returns the org's queued-jobs estimate with these submissions counted (see
-    QUEUED_ESTIMATE_KEY), read in the same round trip, or None if there is none.
     """
     limits = org_limits(org)
     keys = [org_bucket_key(org.id)]
@@ -181,44 +151,18 @@ def check_rate(org: Org, *, cost: int = 1) -> int | None:
         keys.append(tier_bucket_key(org.tier))
         args += [float(aggregate["rate_per_s"]), max(int(aggregate["burst"]), cost)]
     if not _redis_available():
-        return None
+        return
     try:
-        with redis_client().pipeline(transaction=False) as pipe:
-            _rate_limit_script()(keys=keys, args=args, client=pipe)
-            _count_admitted_script()(keys=[QUEUED_ESTIMATE_KEY.format(org.id)], client=pipe)
-            wait_ms, estimate = pipe.execute()
-        wait_ms = int(wait_ms)
+        wait_ms = int(_rate_limit_script()(keys=keys, args=args))
     except (redis.RedisError, OSError) as exc:
         _redis_failed(exc, "rate limiting")
-        return None
+        return
     if wait_ms > 0:
         metrics.count_refusal(tier=org.tier, reason="rate_limited")
         raise RateLimited(
             f"Too many submissions; retry in {math.ceil(wait_ms / 1000)} s.",
             retry_after=max(1, math.ceil(wait_ms / 1000)),
         )
-    return None if estimate is None else int(estimate)
-
-
-def remember_queued(org_id, queued: int) -> None:
-    """Start the org's queued-jobs estimate from an exact count (`queued`, this
-    submission included), unless another submission just did."""
-    if not _redis_available():
-        return
-    try:
-        redis_client().set(
-            QUEUED_ESTIMATE_KEY.format(org_id), queued, px=QUEUED_ESTIMATE_TTL_MS, nx=True
-        )
-    except (redis.RedisError, OSError) as exc:
-        _redis_failed(exc, "queued estimate")
-
-
-def far_below_quota(org: Org, estimate: int | None) -> bool:
-    """Whether the org's queued-jobs estimate is so far below its quota (more than the
-    lock margin) that the submission need not count its queue."""
-    if estimate is None:
-        return False
-    return estimate + settings.GANTRY_QUOTA_LOCK_MARGIN < org_limits(org).max_queued
 
 
 def check_overload(org: Org) -> None:
@@ -255,12 +199,10 @@ def queue_depth() -> int:
     return depth
 
 
-def admit(org: Org) -> int | None:
-    """The Redis half of admission, in the documented order: rate limit, then overload.
-    Returns the org's queued-jobs estimate (check_rate), for the quota check."""
-    estimate = check_rate(org)
+def admit(org: Org) -> None:
+    """The Redis half of admission, in the documented order: rate limit, then overload."""
+    check_rate(org)
     check_overload(org)
-    return estimate
 
 
 def check_queue_quota(org: Org, *, queued: int | None = None) -> None:
