@@ -130,10 +130,12 @@ def test_a_job_checkpointed_on_one_host_resumes_on_another_from_the_store(
     assert "checkpoint pulled from the store" in worker_b.log()
 
     # Nothing went through a filesystem: no host has a shared checkpoint folder, and B's
-    # working copy went with its scratch folder.
+    # working copy went with its scratch folder (removed once the run has reported its
+    # end, so a moment after the job is seen succeeded).
     for node in NODES:
         assert not (host_root(hosts, node) / "media" / "checkpoints").exists()
-    assert list((host_root(hosts, host_b) / "scratch").iterdir()) == []
+    scratch_b = host_root(hosts, host_b) / "scratch"
+    beat.until(lambda: not any(scratch_b.iterdir()), timeout=10)
 
     # The result, through its link and the store's presigned URL, is byte-identical.
     tenant = client_with(org_key(org))
