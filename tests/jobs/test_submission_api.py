@@ -10,8 +10,10 @@ from django.test import override_settings
 from prometheus_client import REGISTRY
 
 from apps.accounts.models import Tier
+from apps.core.redis import redis_client
 from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
+from apps.jobs.services import admission
 from apps.jobs.services.spec import JobSpec, fingerprint_of
 from apps.ledger import services as ledger
 from apps.ledger.models import Hold
@@ -492,3 +494,39 @@ def submit_at_once(raw_key: str, count: int, body: dict, *, key: str | None = No
     for thread in threads:
         thread.join()
     return answers
+
+
+def test_the_queue_is_counted_once_then_estimated_while_far_below_the_quota(
+    project, django_capture_on_commit_callbacks, monkeypatch
+):
+    monkeypatch.setattr(admission, "QUEUED_ESTIMATE_TTL_MS", 60_000)  # not a slow run's
+    org = funded_org(tier=Tier.ENTERPRISE, max_queued_jobs=1000)
+    ProjectFactory(org=org, name="video")
+    client = client_with(org_key(org))
+    estimate = admission.QUEUED_ESTIMATE_KEY.format(org.id)
+    redis_client().delete(estimate)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert submit(client, spec_body(project="video")).status_code == 202
+    assert int(redis_client().get(estimate)) == 1  # counted: 0 queued, plus this one
+    JobFactory.create_batch(5, org=org)  # queued behind its back
+    for _ in range(2):
+        with django_capture_on_commit_callbacks(execute=True):
+            assert submit(client, spec_body(project="video")).status_code == 202
+    # Far below the quota the estimate is trusted (each submission adds one) until it
+    # expires (a second after the count; a minute here); the five factory jobs wait for
+    # the next count.
+    assert int(redis_client().get(estimate)) == 3
+
+
+def test_near_the_quota_the_queue_is_counted_whatever_the_estimate_says(project):
+    org = funded_org(tier=Tier.ENTERPRISE, max_queued_jobs=70)
+    ProjectFactory(org=org, name="video")
+    JobFactory.create_batch(70, org=org)
+    # 10 + the 64-job lock margin reaches the quota of 70: the estimate is not trusted.
+    redis_client().set(admission.QUEUED_ESTIMATE_KEY.format(org.id), 10, px=60_000)
+
+    response = submit(client_with(org_key(org)), spec_body(project="video"))
+
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "quota_exceeded"

@@ -11,9 +11,14 @@ of all free submissions together, and once the platform-wide queue passes
 GANTRY_SHED_FREE_QUEUE_DEPTH free submissions get 429 while paid and enterprise
 submissions are admitted as before.
 
+Queue quotas are PostgreSQL's: near its max_queued an org's queued jobs are counted
+under a lock. Far from it the count is skipped on the strength of an estimate in Redis
+(QUEUED_ESTIMATE_KEY: PostgreSQL's count at most once a second per org, plus the
+submissions admitted since), read in the rate limit's round trip.
+
 Redis holds only rebuildable state: if it is unreachable, submissions are admitted
-(fail open) and the failure is logged; quotas, credits and budgets are still enforced by
-PostgreSQL.
+(fail open) and the failure is logged; quotas (counted every time while Redis is
+away), credits and budgets are still enforced by PostgreSQL.
 """
 
 from __future__ import annotations
@@ -39,18 +44,21 @@ from apps.jobs.models import JobStatus
 
 logger = logging.getLogger(__name__)
 
-# KEYS: bucket keys. ARGV: cost, then rate_per_s and burst for each key in order.
-# Answers 0 when every bucket had `cost` tokens (and draws them), else the milliseconds
-# until the emptiest one will have them (and draws nothing).
+# KEYS: n bucket keys, then the org's queued-jobs estimate (QUEUED_ESTIMATE_KEY). ARGV:
+# cost, n, then rate_per_s and burst for each bucket in order. Answers {0, estimate}
+# when every bucket had `cost` tokens (and draws them; the estimate, if there is one,
+# counts them too, else false), else {the milliseconds until the emptiest bucket will
+# have them, false} (and draws and counts nothing).
 RATE_LIMIT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local cost = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
 local tokens = {}
 local wait = 0
-for i = 1, #KEYS do
-  local rate = tonumber(ARGV[2 * i])
-  local burst = tonumber(ARGV[2 * i + 1])
+for i = 1, n do
+  local rate = tonumber(ARGV[2 * i + 1])
+  local burst = tonumber(ARGV[2 * i + 2])
   local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local level = tonumber(state[1])
   local ts = tonumber(state[2])
@@ -65,19 +73,31 @@ for i = 1, #KEYS do
   end
 end
 if wait > 0 then
-  return math.ceil(wait * 1000)
+  return {math.ceil(wait * 1000), false}
 end
-for i = 1, #KEYS do
-  local rate = tonumber(ARGV[2 * i])
-  local burst = tonumber(ARGV[2 * i + 1])
+for i = 1, n do
+  local rate = tonumber(ARGV[2 * i + 1])
+  local burst = tonumber(ARGV[2 * i + 2])
   redis.call('HSET', KEYS[i], 'tokens', tokens[i] - cost, 'ts', now)
   redis.call('PEXPIRE', KEYS[i], math.ceil(burst / rate * 1000) + 1000)
 end
-return 0
+local estimate = false
+if redis.call('EXISTS', KEYS[n + 1]) == 1 then
+  estimate = redis.call('INCRBY', KEYS[n + 1], cost)
+end
+return {0, estimate}
 """
 
 QUEUE_DEPTH_KEY = "gantry:admission:queue_depth"
 QUEUE_DEPTH_TTL_MS = 1000
+
+# An org's queued jobs as PostgreSQL last counted them (at most once a second per org),
+# plus every submission admitted since: an estimate that errs high (jobs that left the
+# queue since, submissions refused after admission) and low only by jobs requeued within
+# that second, which the quota's lock margin covers. Far from the quota, a submission
+# trusts it and counts nothing: counting costs PostgreSQL CPU in proportion to the queue.
+QUEUED_ESTIMATE_KEY = "gantry:admission:queued:{}"
+QUEUED_ESTIMATE_TTL_MS = 1000
 
 # While Redis is unreachable, admission skips it for this long instead of paying a
 # connect timeout on every submission.
@@ -138,31 +158,58 @@ def tier_bucket_key(tier: str) -> str:
     return f"gantry:ratelimit:tier:{tier}"
 
 
-def check_rate(org: Org, *, cost: int = 1) -> None:
+def check_rate(org: Org, *, cost: int = 1) -> int | None:
     """Draw `cost` submissions from the org's (and its tier's) bucket, or raise 429.
 
     The 429 carries Retry-After: the whole seconds until the bucket refills enough.
+    Returns the org's queued-jobs estimate with these submissions counted (see
+    QUEUED_ESTIMATE_KEY), from the same script, or None if there is none.
     """
     limits = org_limits(org)
     keys = [org_bucket_key(org.id)]
-    args: list = [cost, limits.rate_per_s, max(limits.burst, cost)]
+    args: list = [cost, 0, limits.rate_per_s, max(limits.burst, cost)]
     aggregate = settings.GANTRY_TIER_AGGREGATE_RATE.get(org.tier)
     if aggregate:
         keys.append(tier_bucket_key(org.tier))
         args += [float(aggregate["rate_per_s"]), max(int(aggregate["burst"]), cost)]
+    args[1] = len(keys)
+    keys.append(QUEUED_ESTIMATE_KEY.format(org.id))
     if not _redis_available():
-        return
+        return None
     try:
-        wait_ms = int(_rate_limit_script()(keys=keys, args=args))
+        wait_ms, estimate = _rate_limit_script()(keys=keys, args=args)
+        wait_ms = int(wait_ms)
     except (redis.RedisError, OSError) as exc:
         _redis_failed(exc, "rate limiting")
-        return
+        return None
     if wait_ms > 0:
         metrics.count_refusal(tier=org.tier, reason="rate_limited")
         raise RateLimited(
             f"Too many submissions; retry in {math.ceil(wait_ms / 1000)} s.",
             retry_after=max(1, math.ceil(wait_ms / 1000)),
         )
+    return None if estimate is None else int(estimate)
+
+
+def remember_queued(org_id, queued: int) -> None:
+    """Start the org's queued-jobs estimate from an exact count (`queued`, this
+    submission included), unless another submission just did."""
+    if not _redis_available():
+        return
+    try:
+        redis_client().set(
+            QUEUED_ESTIMATE_KEY.format(org_id), queued, px=QUEUED_ESTIMATE_TTL_MS, nx=True
+        )
+    except (redis.RedisError, OSError) as exc:
+        _redis_failed(exc, "queued estimate")
+
+
+def far_below_quota(org: Org, estimate: int | None) -> bool:
+    """Whether the org's queued-jobs estimate is so far below its quota (more than the
+    lock margin) that the submission need not count its queue."""
+    if estimate is None:
+        return False
+    return estimate + settings.GANTRY_QUOTA_LOCK_MARGIN < org_limits(org).max_queued
 
 
 def check_overload(org: Org) -> None:
@@ -199,10 +246,12 @@ def queue_depth() -> int:
     return depth
 
 
-def admit(org: Org) -> None:
-    """The Redis half of admission, in the documented order: rate limit, then overload."""
-    check_rate(org)
+def admit(org: Org) -> int | None:
+    """The Redis half of admission, in the documented order: rate limit, then overload.
+    Returns the org's queued-jobs estimate (check_rate), for the quota check."""
+    estimate = check_rate(org)
     check_overload(org)
+    return estimate
 
 
 def check_queue_quota(org: Org, *, queued: int | None = None) -> None:

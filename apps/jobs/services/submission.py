@@ -82,7 +82,7 @@ def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submis
     field), its project resolved (a key narrowed to a project submits only there), then
     submit_job with the body's digest, so the same key and body replay the same job."""
     org = api_key.org
-    admission.admit(org)
+    queued_estimate = admission.admit(org)
     data = validate_submit_body(body)
     check_params(data["params"])
     resources = data.get("resources") or {}
@@ -106,6 +106,7 @@ def submit_api_request(*, api_key: APIKey, body, idempotency_key: str) -> Submis
         idempotency_key=scoped_idempotency_key(idempotency_key, project_id=api_key.project_id),
         request_digest=request_digest_of(body),
         actor=f"api:{api_key.prefix}",
+        queued_estimate=queued_estimate,
     )
 
 
@@ -121,6 +122,7 @@ def submit_job(
     reason: str = "submitted",
     enforce_quota: bool = True,
     allow_dedup: bool = True,
+    queued_estimate: int | None = None,
 ) -> Submission:
     """Admit one job: validated, quota-checked, credit held, queued, in one transaction.
 
@@ -131,7 +133,9 @@ def submit_job(
     returns a new job that is already succeeded and reuses the earlier result, with no
     hold and no charge (`deduplicated`). With `spec.start_deadline_s`, the job's
     start_deadline_at is the database clock at the insert plus those seconds (see
-    services.deadlines). Rate limits are the caller's (admission.admit).
+    services.deadlines). Rate limits are the caller's (admission.admit), and so is
+    `queued_estimate`, the org's queued jobs as admission estimates them: far below the
+    quota the queue is not counted (admission.far_below_quota).
     """
     allowed = validate_spec(spec, tier=org.tier)
     admit = functools.partial(
@@ -147,6 +151,7 @@ def submit_job(
         enforce_quota=enforce_quota,
         allow_dedup=allow_dedup,
         allowed=allowed,
+        queued_estimate=queued_estimate,
     )
     for attempt in range(RESERVATION_ATTEMPTS):
         try:
@@ -185,11 +190,13 @@ def _admit(
     enforce_quota: bool,
     allow_dedup: bool,
     allowed: list[GpuTypeInfo],
+    queued_estimate: int | None,
 ) -> Submission:
     """submit_job's transaction: the admission checks, the hold and the job."""
     fingerprint = fingerprint_of(spec)
+    counts = enforce_quota and not admission.far_below_quota(org, queued_estimate)
     with transaction.atomic():
-        quota = admission.org_limits(org).max_queued if enforce_quota else 0
+        quota = admission.org_limits(org).max_queued if counts else 0
         snapshot = admission.lock_and_read(org.id, key, fingerprint, up_to=quota)
         if snapshot.existing_job_id is not None:
             existing = Job.objects.select_related("hold").get(pk=snapshot.existing_job_id)
@@ -233,8 +240,12 @@ def _admit(
                 job = _create_deduplicated(common, source=source, actor=actor)
                 return Submission(job=job, deduplicated=True, allowed_types=allowed)
 
-        if enforce_quota:
+        if counts:
             admission.check_queue_quota(org, queued=snapshot.queued)
+            if queued_estimate is None:  # start the estimate from this exact count
+                transaction.on_commit(
+                    functools.partial(admission.remember_queued, org.id, snapshot.queued + 1)
+                )
         job_id, hold_id = uuid.uuid4(), uuid.uuid4()
         amount = hold_amount(spec, allowed)
         job = Job(id=job_id, status=JobStatus.QUEUED, hold_id=hold_id, **common)
