@@ -382,7 +382,6 @@ def _draw_in_lanes(org_id, *, params: dict, savepoint: bool, then, last) -> tupl
     draw = {"params": params, "org_id": org_id, "savepoint": savepoint, "then": then, "last": last}
     if _draws_from_every_lane(org_id):
         return _draw(RESERVE, **draw)
-    alone_or_savepoint = savepoint or _owns_transaction()
     try:
         return _draw(RESERVE_FROM_LANES, **draw)
     except psycopg.Error as error:
@@ -391,7 +390,7 @@ def _draw_in_lanes(org_id, *, params: dict, savepoint: bool, then, last) -> tupl
         # The chosen lanes could not serve it (rolled back: nothing held, no lock kept).
         count("reserve", "lane_fallback")
         _remember_every_lane(org_id)
-        if not alone_or_savepoint:
+        if not (savepoint or _owns_transaction()):  # the caller's transaction is aborted
             raise ReservationRetry from error
     return _draw(RESERVE, **draw)
 

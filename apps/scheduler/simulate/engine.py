@@ -546,7 +546,9 @@ class Simulation:
                     counts[gpu.type] = counts.get(gpu.type, 0) + 1
             supply += sum(counts.values())
             fits_on_a_node = fits_on_a_node or max(counts.values(), default=0) >= spec.gpu_count
-        return fits_on_a_node and supply - waiting_ahead >= spec.gpu_count
+            if fits_on_a_node and supply - waiting_ahead >= spec.gpu_count:
+                return True  # the rest of the fleet cannot change the answer
+        return False
 
     def _enqueue(self, state: _JobState) -> None:
         spec = state.spec
