@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         tenants = build_tenants(args.orgs)
         print(
             f"dispatch bench: PostgreSQL {version}, {args.nodes} nodes x 8 GPUs, "
-            f"{args.orgs} orgs x 5 users; {os.cpu_count()} CPUs; load average "
+            f"{args.orgs} orgs x 5 users; {len(os.sched_getaffinity(0))} CPUs usable; load average "
             f"{os.getloadavg()[0]:.1f}",
             flush=True,
         )

@@ -6,8 +6,9 @@ each against pgbench's TPC-B-like TPS measured on the same server in the same ru
 
 It works in scratch databases it creates and drops (test_gantry_bench_<pid> for the
 ledger, and one for pgbench's tables), and in its own Redis keys; it never touches the
-database named in DATABASE_URL. Targets (2-core machine): reserve+settle at
-least 25% of pgbench's TPS; at least 10,000 heartbeat reports/s with under 5 s lag.
+database named in DATABASE_URL. Targets (the reference machine's 2 cores): reserve+settle
+for one org at least 30% of pgbench's TPS; at least 50,000 heartbeat reports/s with under
+2 s lag.
 """
 
 from __future__ import annotations
@@ -387,7 +388,7 @@ def main() -> int:
     old_name = connection.settings_dict["NAME"]
     print(
         f"ledger bench: scratch database {BENCH_DB} (from {old_name}'s server), "
-        f"{os.cpu_count()} CPUs",
+        f"{len(os.sched_getaffinity(0))} CPUs usable",
         flush=True,
     )
     connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
@@ -415,12 +416,13 @@ def main() -> int:
                 seconds=args.seconds,
             )
             ops = 2 * rate  # a reserve and a settle: two transactions, like pgbench's
-            verdict = "OK" if ops >= 0.25 * tps else "BELOW TARGET"
+            # Issue 19's target is for one org; 100 orgs spread the hot rows.
+            verdict = "OK" if ops >= 0.30 * tps else "BELOW TARGET"
             print(
                 f"reserve+settle, {args.clients} clients, {orgs:>3} org(s)"
                 f"{' with hard budgets' if budgets else ''}: {ops:,.0f} operations/s "
                 f"({rate:,.0f} reserve+settle pairs/s) = {ops / tps:.0%} of pgbench's TPS "
-                f"({rate / tps:.0%} in pairs) [target >= 25%] {verdict}"
+                f"({rate / tps:.0%} in pairs) [target >= 30%] {verdict}"
                 f"{f'; {refused} refused' if refused else ''}",
                 flush=True,
             )
@@ -432,14 +434,14 @@ def main() -> int:
             threads=args.reporter_threads,
             seconds=args.seconds,
         )
-        verdict = "OK" if beat["rate"] >= 10_000 and beat["lag"] < 5 else "BELOW TARGET"
+        verdict = "OK" if beat["rate"] >= 50_000 and beat["lag"] < 2 else "BELOW TARGET"
         print(
             f"heartbeats via record_usage ({args.reporter_processes} processes x "
             f"{args.reporter_threads} threads, {args.holds} running holds, a fold every "
             f"1 s): {beat['rate']:,.0f} reports/s = {beat['rate'] / tps:.1f}x pgbench's TPS; "
             f"lag from the last report to the ledger {beat['lag']:.2f} s (a fold took "
             f"{beat['fold_p50']:.2f} s median, {beat['fold_max']:.2f} s max) "
-            f"[target >= 10,000/s, lag < 5 s] {verdict}",
+            f"[target >= 50,000/s, lag < 2 s] {verdict}",
             flush=True,
         )
         print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")

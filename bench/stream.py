@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"server {args.url} (gunicorn uvicorn workers: {args.server_workers}); "
             f"{args.streams} streams; submissions by {args.processes} x {args.threads} "
-            f"clients, {args.duration:g} s each; {os.cpu_count()} CPUs"
+            f"clients, {args.duration:g} s each; {len(os.sched_getaffinity(0))} CPUs usable"
         )
         job_ids = submit_jobs(args.url, stream_key, project, args.streams)
         without = api_bench.summarize(
