@@ -155,15 +155,45 @@ def children_of(pid: int) -> list[int]:
     return [int(child) for child in text.split()]
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes so far (those still alive)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+def process_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far; None once it has exited."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpu_in_window(
+    client_pids: list[int], server_pid: int | None, *, until: float, every: float = 0.5
+) -> dict[str, float]:
+    """CPU seconds each group used from now until `until` (time.monotonic()).
+
+    Sampled every `every` s: a process that exits in the window (a PostgreSQL backend
+    whose connection reached CONN_MAX_AGE and was reopened) counts up to its last
+    sample instead of vanishing from the sum, and one that starts in it (the reopened
+    connection's backend) counts from its start."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    role: dict[int, str] = {}
+    opening = True
+    while True:
+        for name, pids in cpu_groups(client_pids, server_pid).items():
+            for pid in pids:
+                used = process_cpu(pid)
+                if used is None:
+                    continue
+                role.setdefault(pid, name)
+                first.setdefault(pid, used if opening else 0.0)
+                last[pid] = used
+        opening = False
+        if time.monotonic() >= until:
+            break
+        time.sleep(max(0.0, min(every, until - time.monotonic())))
+    totals = dict.fromkeys(("clients", "gunicorn", "postgres"), 0.0)
+    for pid, name in role.items():
+        totals[name] += last[pid] - first[pid]
+    return totals
 
 
 def began_in_window(now: float, measure_from: float, stop_at: float) -> bool:
@@ -201,11 +231,9 @@ def run_load(
     # CPU spent in the measured window by the clients, gunicorn and the bench database's
     # PostgreSQL backends (Linux /proc; absent elsewhere or for a remote server).
     sleep_until(start + warmup)
-    groups = cpu_groups([proc.pid for proc in procs], server_pid)
-    cpu_before = {name: cpu_seconds(pids) for name, pids in groups.items()}
-    sleep_until(start + warmup + args.duration)
-    groups = cpu_groups([proc.pid for proc in procs], server_pid)
-    cpu_used = {name: cpu_seconds(pids) - cpu_before[name] for name, pids in groups.items()}
+    cpu_used = cpu_in_window(
+        [proc.pid for proc in procs], server_pid, until=start + warmup + args.duration
+    )
     latencies, statuses = [], {}
     for _ in procs:
         lat, st = out.get()

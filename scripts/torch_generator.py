@@ -78,10 +78,11 @@ def main(argv: list[str] | None = None) -> int:
 
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    # A line before the import: PyTorch and CUDA take seconds to start, silently.
+    say(f"DEVICES {os.environ.get('CUDA_VISIBLE_DEVICES', 'none')}")
     import torch  # after the params: a bad request fails fast, without the import
 
     device = os.environ.get("GANTRY_TORCH_DEVICE", "cuda")
-    say(f"DEVICES {os.environ.get('CUDA_VISIBLE_DEVICES', 'none')}")
     if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device visible to PyTorch", file=sys.stderr, flush=True)
         return 3
