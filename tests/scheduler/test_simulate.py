@@ -97,6 +97,32 @@ def test_a_trace_replays_on_a_fleet_file(tmp_path):
     assert all(s.started > 0 for s in report.summaries)
 
 
+def test_a_trace_written_by_another_tool_replays_its_usable_rows_and_counts_the_rest(tmp_path):
+    # A byte-order mark, headers in another case with spaces, tiers capitalised, flags as
+    # 1/yes, a GPU count written as 2.0, a row that is not numbers, a tier nobody knows,
+    # and a 16-GPU gang on a fleet of 8-GPU nodes.
+    trace = tmp_path / "other.csv"
+    rows = [" Submit_s , Duration_s ,GPU_count,gpu_types,Tier,org,user,Preemptible"]
+    for i in range(40):
+        tier = ("Enterprise", "paid", "FREE")[i % 3]
+        rows.append(f"{i * 10},{60 + i},{'2.0' if i % 5 == 0 else 1},,{tier},o{i % 3},,{i % 2}")
+    rows += ["oops,12,1,,paid,o1,,yes", "400,30,1,,platinum,o1,,no", "410,30,16,,paid,o1,,yes"]
+    trace.write_text("\ufeff" + "\n".join(rows) + "\n", encoding="utf-8")
+    report = run_scenario("trace", ["fair"], gpus=16, trace_path=trace, duration_s=600.0)
+    (note,) = [n for n in report.notes if n.startswith("trace other.csv")]
+    assert "40 jobs" in note, note
+    assert "1 dropped (more GPUs than a node has)" in note, note
+    assert "2 unusable rows skipped (first: line 42)" in note, note
+    assert report.summaries[0].started == 40
+
+
+def test_a_trace_of_only_submit_and_duration_runs_as_one_paid_org(tmp_path):
+    trace = tmp_path / "bare.csv"
+    trace.write_text("submit_s,duration_s\n" + "".join(f"{i},{30 + i}\n" for i in range(20)))
+    report = run_scenario("trace", ["fair"], gpus=8, trace_path=trace, duration_s=300.0)
+    assert report.summaries[0].started == 20
+
+
 @pytest.mark.skipif(not TRACE.exists(), reason="the shared Alibaba trace is not available")
 def test_the_alibaba_trace_replays_on_its_fleet():
     report = run_scenario(

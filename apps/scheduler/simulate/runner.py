@@ -136,7 +136,15 @@ def build_workload(
     if scenario == "trace":
         if not trace_path:
             raise ValueError("the trace scenario needs a trace CSV (--trace PATH)")
-        return workload.trace(trace_path, types, duration_s, trace_speedup, trace_max_work_s)
+        largest_node = max((len(gpus) for _, gpus in fleet.nodes), default=0)
+        return workload.trace(
+            trace_path,
+            types,
+            duration_s,
+            trace_speedup,
+            trace_max_work_s,
+            max_gpus_per_job=largest_node,
+        )
     raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
 
 

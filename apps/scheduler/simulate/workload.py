@@ -266,15 +266,63 @@ def spike(
     return Workload(name="spike", jobs=jobs, orgs=base.orgs, notes=notes)
 
 
+TRACE_COLUMNS = (
+    "submit_s",
+    "duration_s",
+    "gpu_count",
+    "gpu_types",
+    "tier",
+    "org",
+    "user",
+    "preemptible",
+)
+_TRUE = frozenset({"true", "t", "yes", "y", "1"})
+
+
+def _trace_rows(path: str | Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a trace CSV, names and values stripped, names lower-cased
+    (a byte-order mark dropped). Only `submit_s` and `duration_s` are required."""
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames:
+            raise ValueError(f"{path}: empty; expected the columns {','.join(TRACE_COLUMNS)}")
+        reader.fieldnames = [(name or "").strip().lower() for name in reader.fieldnames]
+        missing = {"submit_s", "duration_s"} - set(reader.fieldnames)
+        if missing:
+            raise ValueError(
+                f"{path}: no column {', '.join(sorted(missing))}; expected "
+                f"{','.join(TRACE_COLUMNS)} (all but submit_s and duration_s optional)"
+            )
+        for line, row in enumerate(reader, start=2):
+            yield line, {k: (v or "").strip() for k, v in row.items() if isinstance(v, str)}
+
+
 def trace_gpu_types(path: str | Path) -> list[str]:
     """The GPU models a trace CSV names, in order of first appearance."""
     names: dict[str, None] = {}
-    with open(path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            for name in row["gpu_types"].split("|"):
-                if name:
-                    names.setdefault(name, None)
+    for _line, row in _trace_rows(path):
+        for name in row.get("gpu_types", "").split("|"):
+            if name.strip():
+                names.setdefault(name.strip(), None)
     return list(names)
+
+
+def _trace_job(row: dict[str, str]) -> tuple[float, float, int, str, bool] | None:
+    """(submit, duration, GPUs, tier, preemptible) of a row; None if a value is unusable.
+    Defaults for absent columns: 1 GPU, tier paid, preemptible only in the free tier."""
+    try:
+        submit, duration = float(row["submit_s"]), float(row["duration_s"])
+        gpus = float(row.get("gpu_count") or 1)
+    except ValueError:
+        return None
+    tier = (row.get("tier") or PAID).lower()
+    if not (math.isfinite(submit) and math.isfinite(duration)) or tier not in TIERS:
+        return None
+    if gpus != int(gpus) or gpus < 1:
+        return None
+    flag = row.get("preemptible", "")
+    preemptible = flag.lower() in _TRUE if flag else tier == FREE
+    return submit, duration, int(gpus), tier, preemptible
 
 
 def trace(
@@ -283,57 +331,67 @@ def trace(
     duration_s: float,
     speedup: float | None = None,
     max_work_s: float = 3600.0,
+    max_gpus_per_job: int | None = None,
 ) -> Workload:
     """Replay a trace CSV (`submit_s,duration_s,gpu_count,gpu_types,tier,org,user,
-    preemptible`).
+    preemptible`; see `_trace_job` for absent columns).
 
     Submit times are divided by `speedup` (default: the whole trace fits `duration_s`);
     run times are kept but capped at `max_work_s`; the declared max runtime is 1.5x the
     (capped) run time; preemptible jobs checkpoint every 5 minutes. Rows whose GPU types
-    are unknown to the fleet keep only the known ones (dropped if none is left).
+    are unknown to the fleet keep only the known ones (dropped if none is left); rows
+    asking for more GPUs than a node has (`max_gpus_per_job`), and rows with a value
+    that is not a number, a known tier or a whole GPU count, are dropped; the notes
+    count each.
 
     A Gantry org has one tier, but the trace's synthetic orgs mix QoS classes, so each
     (org, tier) pair becomes its own org, named like `org-16.ent`."""
     known = {t.name for t in gpu_types}
-    rows = []
-    with open(path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            rows.append(row)
+    rows, unusable = [], []
+    for line, row in _trace_rows(path):
+        parsed = _trace_job(row)
+        if parsed is None:
+            unusable.append(line)
+        else:
+            rows.append((line, row, *parsed))
     if not rows:
-        raise ValueError(f"{path}: no rows")
-    first = min(float(r["submit_s"]) for r in rows)
-    span = max(float(r["submit_s"]) for r in rows) - first
+        raise ValueError(
+            f"{path}: no usable rows"
+            + (f" (line {unusable[0]} is the first unusable one)" if unusable else "")
+        )
+    first = min(r[2] for r in rows)
+    span = max(r[2] for r in rows) - first
     if speedup is None:
         speedup = max(1.0, span / duration_s) if span > 0 else 1.0
     jobs: list[JobSpec] = []
     orgs: dict[str, set[str]] = {}
     org_tier: dict[str, str] = {}
-    dropped = 0
-    for i, row in enumerate(rows):
-        submit = (float(row["submit_s"]) - first) / speedup
+    dropped = too_large = 0
+    for line, row, submitted, duration, gpu_count, tier, preemptible in rows:
+        submit = (submitted - first) / speedup
         if submit > duration_s:  # a trace that exactly fills the window keeps its last row
             continue
-        types = tuple(dict.fromkeys(t for t in row["gpu_types"].split("|") if t))
+        names = (t.strip() for t in row.get("gpu_types", "").split("|"))
+        types = tuple(dict.fromkeys(t for t in names if t))
         if types and not any(t in known for t in types):
             dropped += 1
             continue
+        if max_gpus_per_job is not None and gpu_count > max_gpus_per_job:
+            too_large += 1
+            continue
         types = tuple(t for t in types if t in known)
-        tier = row["tier"]
-        if tier not in TIERS:
-            raise ValueError(f"{path}: row {i + 2}: unknown tier {tier!r}")
-        work = max(1.0, min(float(row["duration_s"]), max_work_s))
-        preemptible = row["preemptible"].strip().lower() == "true"
-        org = f"{row['org']}.{tier[:3]}"
-        orgs.setdefault(org, set()).add(row["user"])
+        work = max(1.0, min(duration, max_work_s))
+        org = f"{row.get('org') or 'org'}.{tier[:3]}"
+        orgs.setdefault(org, set()).add(row.get("user") or org)
         org_tier[org] = tier
         jobs.append(
             JobSpec(
-                id=f"t{i}",
+                id=f"t{line - 2}",  # the row's index in the file
                 submit_at=submit,
                 tier=tier,
                 org=org,
-                user=row["user"],
-                gpu_count=int(row["gpu_count"]),
+                user=row.get("user") or org,
+                gpu_count=gpu_count,
                 max_runtime_s=math.ceil(work * 1.5),
                 work_s=work,
                 gpu_types=types,
@@ -349,7 +407,13 @@ def trace(
     notes = [
         f"trace {Path(path).name}: {len(jobs)} jobs, time compressed {speedup:.0f}x, run times "
         f"capped at {max_work_s:.0f} s"
-        + (f", {dropped} rows dropped (GPU types not in the fleet)" if dropped else ""),
+        + (f", {dropped} rows dropped (GPU types not in the fleet)" if dropped else "")
+        + (f", {too_large} dropped (more GPUs than a node has)" if too_large else "")
+        + (
+            f", {len(unusable)} unusable rows skipped (first: line {unusable[0]})"
+            if unusable
+            else ""
+        ),
     ]
     return Workload(name="trace", jobs=jobs, orgs=org_specs, notes=notes)
 
