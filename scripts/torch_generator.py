@@ -106,11 +106,16 @@ def run(torch, params: dict, args, *, device: str, stopping: list) -> int:
     latent = torch.randn(SIZE, SIZE, generator=generator, device=device)
     step, steps = 0, params["steps"]
     checkpoint = Path(args.checkpoint_dir) / CHECKPOINT_NAME
+    saved = None
     if args.resume and checkpoint.is_file():
-        saved = torch.load(checkpoint, map_location=device)
-        if saved["size"] == SIZE and 0 <= saved["step"] <= steps:
-            latent, step = saved["latent"], saved["step"]
-            say(f"RESUMED {step}")
+        try:
+            saved = torch.load(checkpoint, map_location=device)
+        except Exception as error:  # unreadable: start over rather than fail every retry
+            print(f"checkpoint unreadable, starting over: {error}", file=sys.stderr, flush=True)
+    usable = isinstance(saved, dict) and saved.get("size") == SIZE
+    if usable and 0 <= saved.get("step", -1) <= steps:
+        latent, step = saved["latent"], saved["step"]
+        say(f"RESUMED {step}")
     saved_at = time.monotonic()
     while step < steps:
         began = time.monotonic()
