@@ -3,7 +3,7 @@
     python bench/api.py                    # starts gunicorn itself on a scratch database
     python bench/api.py --url http://127.0.0.1:8000 --key gk_... --project NAME
 
-Without --url it creates (and afterwards drops) the PostgreSQL database `gantry_bench`
+Without --url it creates (and afterwards drops) the PostgreSQL database `gantry_bench_<pid>`
 on the server of DATABASE_URL, migrates it, loads the demo fleet, creates an
 enterprise org with room for the whole run (quota, rate, credit) and starts gunicorn
 on it. Clients are processes x threads, each thread one keep-alive HTTP/1.1
@@ -37,7 +37,8 @@ from _common import add_cpus_argument, begin_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-SCRATCH_DB = "gantry_bench"
+# Per run, so that two runs on one server never drop each other's database.
+SCRATCH_DB = f"gantry_bench_{os.getpid()}"
 
 JOB_BODY = {
     "params": {"prompt": "a red fox in snow", "seed": 7, "steps": 20, "step_seconds": 0.5},
