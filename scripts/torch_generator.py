@@ -3,11 +3,12 @@ generator binary") with PyTorch computing on the devices in CUDA_VISIBLE_DEVICES
 how Gantry's runner is checked on a GPU machine (tests/jobs/test_torch_generator.py);
 the bundled stand-in only sleeps.
 
-    GANTRY_GENERATOR_COMMAND="python scripts/torch_generator.py" make up
+    GANTRY_GENERATOR_COMMAND="$PWD/.venv/bin/python $PWD/scripts/torch_generator.py" make up
     python scripts/torch_generator.py --params P --output-dir OUT --checkpoint-dir CK [--resume]
 
-Params are the stand-in's (`prompt`, `seed`, `steps`, `step_seconds`), so the default
-params schema admits them. A step multiplies a 1024 x 1024 latent by a fixed matrix
+Params are the stand-in's (`prompt`, `seed`, `steps`, `step_seconds`): its schema fits
+(`GANTRY_GENERATOR_PARAMS_SCHEMA=apps/jobs/standin_generator.params.schema.json`).
+A step multiplies a 1024 x 1024 latent by a fixed matrix
 `MATMULS_PER_STEP` times in bfloat16 on the GPU; `step_seconds` is the least wall time
 of a step. The result, `output.png`, depends only on prompt, seed and steps, also across
 resumes on the same kind of GPU: a checkpoint holds the latent and the step exactly.
