@@ -11,8 +11,10 @@ imported by tests/ops/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import socket
 import sys
 import time
 import urllib.error
@@ -205,6 +207,16 @@ class Stack:
             return error.code, json.loads(error.read() or b"{}")
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` different free ports: each probe stays bound until all are chosen (probes
+    closed one by one can hand out the same port twice)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
 @pytest.fixture(scope="package")
 def stack(django_db_setup, tmp_path_factory):
     """The running slice (see the module docstring), stopped at the end of the package."""
@@ -213,7 +225,7 @@ def stack(django_db_setup, tmp_path_factory):
     pool.media_root.mkdir()
     pool.scratch_root.mkdir()
     flush_test_redis()
-    api_port, control_port, node_port, flower_port = (stack_py.free_port() for _ in range(4))
+    api_port, control_port, node_port, flower_port = distinct_free_ports(4)
     base_env = worker_env(pool.media_root, pool.scratch_root)
 
     def metrics_dir(name: str) -> str:
@@ -273,6 +285,16 @@ def stack(django_db_setup, tmp_path_factory):
                 lambda url=url: http_ok(url),
                 what=f"{service.name} at {url}",
                 check=service.check_alive,
+            )
+        # Their own servers, not another process's on those ports: a scrape of the wrong
+        # process reads series that never move.
+        for worker, port in ((gpu_worker, node_port), (control, control_port)):
+            wait_for(
+                lambda worker=worker, port=port: (
+                    f"metrics on http://127.0.0.1:{port}/metrics" in worker.log()
+                ),
+                what=f"{worker.name}'s metrics server",
+                check=worker.check_alive,
             )
         wait_for(
             lambda: http_ok(f"http://127.0.0.1:{node_port}/metrics"), what="node worker metrics"
