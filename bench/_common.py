@@ -76,6 +76,11 @@ def pin(cpus: set[int] | None) -> None:
         sys.exit(f"--cpus {cpu_list(cpus)}: {error} (this machine's CPUs: {machine_cpus()})")
 
 
+def usable_cpus() -> int:
+    """How many CPUs this process may run on (the pinned set, after --cpus)."""
+    return len(os.sched_getaffinity(0))
+
+
 def machine_cpus() -> str:
     return cpu_list(range(os.cpu_count() or 1))
 

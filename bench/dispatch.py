@@ -33,7 +33,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("GANTRY_LOG_LEVEL", "WARNING")
 
 import django  # noqa: E402
-from _common import add_cpus_argument, begin_run  # noqa: E402
+from _common import add_cpus_argument, begin_run, usable_cpus  # noqa: E402
 
 BENCH_DB = f"test_gantry_bench_dispatch_{os.getpid()}"
 TIERS = (("enterprise", 0.1), ("paid", 0.3), ("free", 0.6))
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         tenants = build_tenants(args.orgs)
         print(
             f"dispatch bench: PostgreSQL {version}, {args.nodes} nodes x 8 GPUs, "
-            f"{args.orgs} orgs x 5 users; {len(os.sched_getaffinity(0))} CPUs usable; load average "
+            f"{args.orgs} orgs x 5 users; {usable_cpus()} CPUs usable; load average "
             f"{os.getloadavg()[0]:.1f}",
             flush=True,
         )

@@ -34,7 +34,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("GANTRY_LOG_LEVEL", "WARNING")
 
 import django  # noqa: E402
-from _common import add_cpus_argument, begin_run  # noqa: E402
+from _common import add_cpus_argument, begin_run, usable_cpus  # noqa: E402
 
 CREDIT = 1_000_000
 BENCH_DB = f"test_gantry_bench_{os.getpid()}"
@@ -388,7 +388,7 @@ def main() -> int:
     old_name = connection.settings_dict["NAME"]
     print(
         f"ledger bench: scratch database {BENCH_DB} (from {old_name}'s server), "
-        f"{len(os.sched_getaffinity(0))} CPUs usable",
+        f"{usable_cpus()} CPUs usable",
         flush=True,
     )
     connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import api as api_bench
-from _common import add_cpus_argument, begin_run
+from _common import add_cpus_argument, begin_run, usable_cpus
 
 
 def rss_kib(pids: list[int]) -> int:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"server {args.url} (gunicorn uvicorn workers: {args.server_workers}); "
             f"{args.streams} streams; submissions by {args.processes} x {args.threads} "
-            f"clients, {args.duration:g} s each; {len(os.sched_getaffinity(0))} CPUs usable"
+            f"clients, {args.duration:g} s each; {usable_cpus()} CPUs usable"
         )
         job_ids = submit_jobs(args.url, stream_key, project, args.streams)
         without = api_bench.summarize(

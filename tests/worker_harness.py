@@ -450,6 +450,13 @@ class Beat:
             time.sleep(every)
 
 
+def job_now(job):
+    """The job as the database has it now (the workers change it behind the test's back)."""
+    from apps.jobs.models import Job
+
+    return Job.objects.get(pk=job.pk)
+
+
 def submit_job(org, *, prompt: str, steps: int = 5, step_seconds: float = 0.05, **spec):
     """Submit through the jobs service (validation, hold, queued event) like the API does."""
     from apps.jobs.services.spec import JobSpec

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from apps.fleet import liveness
-from apps.jobs.models import ExitClass, Job, JobEvent, JobStatus
+from apps.jobs.models import ExitClass, JobEvent, JobStatus
 from tests.jobs.factories import funded_org
 from tests.ledger.assertions import assert_ledger_exact
-from tests.worker_harness import ROOT, Beat, WorkerPool, submit_job
+from tests.worker_harness import ROOT, Beat, WorkerPool, job_now, submit_job
 
 GENERATOR = ROOT / "scripts" / "torch_generator.py"
 GPU_FLEET = {
@@ -131,10 +131,6 @@ def beat(gpu_workers, settings):
     beat = Beat.over(gpu_workers, settings, fleet=GPU_FLEET)
     yield beat
     beat.drain(timeout=60, dispatch=True)
-
-
-def job_now(job) -> Job:
-    return Job.objects.get(pk=job.pk)
 
 
 @needs_gpu_pool

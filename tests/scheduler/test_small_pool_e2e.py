@@ -4,10 +4,10 @@ starts within seconds by preempting it, and the free job resumes from its checkp
 
 import pytest
 
-from apps.jobs.models import Job, JobEvent, JobStatus
+from apps.jobs.models import JobEvent, JobStatus
 from tests.jobs.factories import funded_org
 from tests.ledger.assertions import assert_ledger_exact
-from tests.worker_harness import Beat, pool_fixture, submit_job
+from tests.worker_harness import Beat, job_now, pool_fixture, submit_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -24,10 +24,6 @@ def beat(workers, settings):
     beat = Beat.over(workers, settings, fleet=SOLO_FLEET)
     yield beat
     beat.drain(timeout=30, dispatch=True)
-
-
-def job_now(job) -> Job:
-    return Job.objects.get(pk=job.pk)
 
 
 def test_a_free_job_alone_on_a_one_gpu_pool_starts_within_a_few_ticks(beat, workers):

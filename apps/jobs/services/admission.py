@@ -166,14 +166,13 @@ def check_rate(org: Org, *, cost: int = 1) -> int | None:
     QUEUED_ESTIMATE_KEY), from the same script, or None if there is none.
     """
     limits = org_limits(org)
-    keys = [org_bucket_key(org.id)]
-    args: list = [cost, 0, limits.rate_per_s, max(limits.burst, cost)]
+    buckets = [(org_bucket_key(org.id), limits.rate_per_s, max(limits.burst, cost))]
     aggregate = settings.GANTRY_TIER_AGGREGATE_RATE.get(org.tier)
     if aggregate:
-        keys.append(tier_bucket_key(org.tier))
-        args += [float(aggregate["rate_per_s"]), max(int(aggregate["burst"]), cost)]
-    args[1] = len(keys)
-    keys.append(QUEUED_ESTIMATE_KEY.format(org.id))
+        rate, burst = float(aggregate["rate_per_s"]), max(int(aggregate["burst"]), cost)
+        buckets.append((tier_bucket_key(org.tier), rate, burst))
+    keys = [key for key, _, _ in buckets] + [QUEUED_ESTIMATE_KEY.format(org.id)]
+    args = [cost, len(buckets)] + [value for _, rate, burst in buckets for value in (rate, burst)]
     if not _redis_available():
         return None
     try:
