@@ -49,6 +49,35 @@ def test_an_enterprise_job_past_its_threshold_preempts_the_lowest_tier():
     assert "threshold" in preempt.reason
 
 
+def test_a_paid_job_that_just_started_is_preempted_before_a_free_job_a_minute_in():
+    # Work lost decides before tier: the free job would lose 60 s on 8 GPUs (no
+    # checkpoint), the paid one a second's.
+    decisions = run(
+        [
+            full_node("paid-node", "paid", started_at=NOW - 1),
+            full_node("free-node", "free", started_at=NOW - 60),
+        ],
+        [enterprise_job()],
+    )
+    assert preempts(decisions)[0].allocation_ids == ("paid-node-alloc",)
+
+
+def test_losses_within_a_grace_period_of_each_other_go_to_the_lower_tier():
+    shared = node("shared")
+    held = [
+        allocation("paid-1", shared, [0], tier="paid", org="p", started_at=NOW - 1),
+        allocation("free-2", shared, [1], tier="free", org="f", started_at=NOW - 2),
+        *(
+            allocation(f"ent-{i}", shared, [i], tier="enterprise", org=f"e{i}", started_at=0)
+            for i in range(2, 8)
+        ),
+    ]
+    decisions = schedule(
+        snapshot([shared], [enterprise_job(gpus=1)], running=held, now=NOW, config=NO_FLOORS)
+    )
+    assert preempts(decisions)[0].allocation_ids == ("free-2",)
+
+
 def test_the_gpus_are_not_handed_over_in_the_same_round():
     decisions = run([full_node("free-node", "free")], [enterprise_job()])
     assert preempts(decisions)

@@ -16,10 +16,10 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
   a non-preemptible job never borrows;
 - usage half-life 30 min; aging 2 fair shares per hour of waiting within a tier, 0.25
   between tiers, 12 in the order reservations are granted;
-- preemption after enterprise 2 s, paid 60 s of waiting; free never preempts (except
+- preemption after enterprise 3 s, paid 60 s of waiting; free never preempts (except
   to reclaim borrowed GPUs); a job is preempted at most twice; no flat minimum runtime
   protects a victim (a job that just started has lost the least work, so it is the
-  cheapest victim); thrash is bounded by the per-job cap, by victims being of a lower
+  cheapest victim, whatever its tier); thrash is bounded by the per-job cap, by victims being of a lower
   tier (or of an org far over its share), and by not preempting when GPUs free up by
   themselves within the grace period; at most 16 preemptions per round and tier;
 - at most half of the nodes drain for reservations at once;
@@ -96,9 +96,12 @@ class PolicyConfig:
     """The same between tiers, kept slow: floors and decaying usage already keep a tier
     from starving, and fast aging across tiers would turn tier weights into FIFO."""
     preemption_wait_s: Mapping[str, float | None] = field(
-        default_factory=_tier_map(enterprise=2.0, paid=60.0, free=None)
+        default_factory=_tier_map(enterprise=3.0, paid=60.0, free=None)
     )
-    """How long a job of each tier waits before it may preempt; None = never preempts."""
+    """How long a job of each tier waits before it may preempt; None = never preempts.
+    Enterprise's 3 s leaves its 10 s target the victims' 5 s grace and a tick, and gives
+    natural ends a second more than 2 s did: with victims chosen by least work lost, work
+    lost on bursty, 16 GPUs at 1x, fell from 2.3 % to 1.6 % (means over seeds 1-20)."""
     preemption_hold_back: Mapping[str, bool] = field(
         default_factory=_tier_map(enterprise=False, paid=True, free=True)
     )
