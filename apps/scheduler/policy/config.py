@@ -19,9 +19,10 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
 - preemption after enterprise 3 s, paid 60 s of waiting; free never preempts (except
   to reclaim borrowed GPUs); a job is preempted at most twice; no flat minimum runtime
   protects a victim (a job that just started has lost the least work, so it is the
-  cheapest victim, whatever its tier); thrash is bounded by the per-job cap, by victims being of a lower
-  tier (or of an org far over its share), and by not preempting when GPUs free up by
-  themselves within the grace period; at most 16 preemptions per round and tier;
+  cheapest victim, whatever its tier); thrash is bounded by the per-job cap, by victims
+  being of a lower tier (or of an org far over its share), and by not preempting when
+  GPUs free up by themselves within the grace period; at most 16 preemptions per round
+  and tier;
 - at most half of the nodes drain for reservations at once;
 - a round looks at 2,048 queued jobs shared max-min between users (each user's oldest
   first), and at least each user's first 4; deeper jobs only count as demand.
