@@ -229,6 +229,25 @@ def test_paid_preempts_free_after_the_paid_threshold():
     assert preempts(decisions)[0].node == "free-node"
 
 
+def test_paid_does_not_preempt_a_free_job_expected_to_end_within_its_hold_back():
+    config = PolicyConfig(tier_floors=NO_FLOORS.tier_floors)
+    threshold, hold_back = config.preemption_wait_s["paid"], config.preemption_hold_back_s["paid"]
+    queue = [job("p", tier="paid", org="p", gpus=8, submitted_at=NOW - threshold - 1)]
+    # At the observed runtime ratio (1.0 here) the free job ends halfway through paid's
+    # hold-back: stopping it would lose its work for a start that comes anyway.
+    ending = full_node("free-node", "free", started_at=NOW - 100, max_runtime_s=100 + hold_back / 2)
+    assert preempts(run([ending], queue, config)) == []
+    lasting = full_node(
+        "free-node", "free", started_at=NOW - 100, max_runtime_s=100 + hold_back * 2
+    )
+    assert preempts(run([lasting], queue, config))[0].node == "free-node"
+
+
+def test_enterprise_is_never_held_back_by_an_expected_end():
+    ending = full_node("free-node", "free", started_at=NOW - 100, max_runtime_s=110)
+    assert preempts(run([ending], [enterprise_job()]))[0].node == "free-node"
+
+
 def test_an_org_already_holding_its_fair_share_does_not_preempt():
     # Enterprise org "ent" holds 8 of 16 GPUs and is the only enterprise org with work,
     # but it asks for 8 more while free holds the rest: its water-filled entitlement (all

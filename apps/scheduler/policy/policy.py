@@ -591,11 +591,19 @@ class _DispatchRound:
         if own is not None and own.start <= soon:
             return False  # its reserved GPUs free up as soon as victims could leave
         _, start = self.index.earliest_pool(types, job.gpu_count)
-        hold_back = not past_threshold or self.config.preemption_hold_back[job.tier]
-        horizon = self.now + self.config.preemption_hold_back_s
-        if start <= soon or (hold_back and self._expected_free_by(types, job.gpu_count) <= horizon):
+        if start <= soon:
             self.fits_soon.add((types, job.gpu_count))
             return False  # GPUs free up by themselves as soon as victims could leave
+        hold_back_s = (
+            self.config.preemption_hold_back_s[job.tier]
+            if past_threshold
+            else self.config.preemption_grace_s  # a reclaim
+        )
+        if (
+            hold_back_s is not None
+            and self._expected_free_for(job, types) <= self.now + hold_back_s
+        ):
+            return False  # expected to free up by themselves within the tier's hold-back
         same_tier = (
             (lambda victim: self._may_take_from_same_tier(job, victim)) if past_threshold else None
         )
@@ -628,6 +636,21 @@ class _DispatchRound:
             return False
         self._preempt(job, choice)
         return True
+
+    def _expected_free_for(self, job: QueuedJob, types) -> float:
+        """When GPUs for `job` are expected to be free by themselves: on any unreserved
+        pool of its types (`_expected_free_by`) or on the pool it holds a drain on."""
+        expected = self._expected_free_by(types, job.gpu_count)
+        own = self.reservations.get(job.id)
+        if own is not None:
+            pool = self.index.pools[own.pool_ordinal]
+            need = job.gpu_count - len(pool.free_ids)
+            ends = self._pool_ends(pool)
+            if need <= 0:
+                return self.now
+            if len(ends) >= need:
+                expected = min(expected, ends[need - 1])
+        return expected
 
     def _expected_free_by(self, types, count: int) -> float:
         """When `count` GPUs of one of these types are expected to be free together on
