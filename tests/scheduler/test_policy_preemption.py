@@ -1,5 +1,7 @@
 """Preemption: who may preempt, which victims, and what keeps it from thrashing."""
 
+from dataclasses import replace
+
 from apps.scheduler.policy import Place, PolicyConfig, Preempt, schedule
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
@@ -241,6 +243,19 @@ def test_paid_does_not_preempt_a_free_job_expected_to_end_within_its_hold_back()
         "free-node", "free", started_at=NOW - 100, max_runtime_s=100 + hold_back * 2
     )
     assert preempts(run([lasting], queue, config))[0].node == "free-node"
+
+
+def test_paid_is_not_held_back_by_a_free_job_past_its_typical_end():
+    # At the observed ratio (half its max runtime) the free job should have ended 100 s
+    # ago; what bounds it now is its max runtime, 10 minutes away: paid preempts.
+    config = PolicyConfig(tier_floors=NO_FLOORS.tier_floors)
+    threshold = config.preemption_wait_s["paid"]
+    queue = [job("p", tier="paid", org="p", gpus=8, submitted_at=NOW - threshold - 1)]
+    on, overdue = full_node("free-node", "free", started_at=NOW - 700, max_runtime_s=1300)
+    decisions = schedule(
+        replace(snapshot([on], queue, running=[overdue], now=NOW, config=config), runtime_ratio=0.5)
+    )
+    assert preempts(decisions)[0].node == "free-node"
 
 
 def test_enterprise_is_never_held_back_by_an_expected_end():

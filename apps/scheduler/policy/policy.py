@@ -689,6 +689,9 @@ class _DispatchRound:
                     runtime_ratio=self.snapshot.runtime_ratio,
                     stop_delay_s=self.config.preemption_grace_s,
                 )
+                if end <= self.now and not allocation.stopping:
+                    # Past its typical end: only its max runtime bounds it now.
+                    end = max(self.now, allocation.started_at + allocation.max_runtime_s)
                 ends.extend([end] * len(allocation.gpu_ids))
             ends.sort()
             self._pool_end_cache[pool.ordinal] = ends
