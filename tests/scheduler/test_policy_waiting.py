@@ -24,6 +24,17 @@ def test_a_job_behind_a_busy_gpu_says_so_and_expects_its_end():
     assert (mine.position, mine.estimated_start) == (1, NOW + 70)
 
 
+def test_a_paid_job_held_back_from_preempting_says_when_it_expects_the_gpu():
+    pool = node("solo", gpus=1)
+    ending = allocation("r", pool, [0], tier="free", org="f", started_at=NOW - 30, max_runtime_s=60)
+    queue = [job("mine", tier="paid", org="me", submitted_at=NOW - 61, max_runtime_s=60)]
+    result = schedule_round(snapshot([pool], queue, running=[ending], now=NOW))
+    assert result.decisions == []
+    mine = waiting_of(result)["mine"]
+    assert "not preempting: GPUs are expected to free up by themselves by t=1030" in mine.reason
+    assert mine.public_reason == "waiting for an H100: 1 of 1 busy"
+
+
 def test_positions_and_estimates_follow_the_order_of_service():
     pool = node("pair", gpus=2)
     held = [

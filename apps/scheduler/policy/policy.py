@@ -127,6 +127,7 @@ class _DispatchRound:
         # order in which the round served jobs (for positions and start estimates).
         self.why: dict = {}
         self.passed_over: dict = {}  # job id -> (types, within ceiling, pick), to explain
+        self.held_back: dict = {}  # job id -> when its GPUs are expected to free by themselves
         self.served: list[QueuedJob] = []
         self._expected_free: dict[tuple, float] = {}  # (types, count) -> expected time
         self._pool_end_cache: dict[int, list[float]] = {}  # pool ordinal -> sorted ends
@@ -360,6 +361,13 @@ class _DispatchRound:
                 f"waiting for {_wanted_phrase(count, types)}: the free ones are kept for a "
                 f"larger job, or are not enough on one node",
             )
+        expected = self.held_back.get(job.id)
+        if expected is not None:
+            busy_reason = (
+                f"{busy}; not preempting: GPUs are expected to free up by themselves by "
+                f"t={expected:.0f}"
+            )
+            return f"{busy_reason}; {pick.describe()}", busy
         return f"{busy}; {pick.describe()}", busy
 
     def _present(self, types) -> tuple[str, ...]:
@@ -599,11 +607,11 @@ class _DispatchRound:
             if past_threshold
             else self.config.preemption_grace_s  # a reclaim
         )
-        if (
-            hold_back_s is not None
-            and self._expected_free_for(job, types) <= self.now + hold_back_s
-        ):
-            return False  # expected to free up by themselves within the tier's hold-back
+        if hold_back_s is not None:
+            expected = self._expected_free_for(job, types)
+            if expected <= self.now + hold_back_s:
+                self.held_back[job.id] = expected  # explained with the job's reason
+                return False  # expected to free up by themselves within the hold-back
         same_tier = (
             (lambda victim: self._may_take_from_same_tier(job, victim)) if past_threshold else None
         )
