@@ -23,15 +23,26 @@ HORIZON_S = 7 * 24 * 3600.0
 
 
 def typical_end(
-    allocation: RunningAllocation, *, now: float, runtime_ratio: float, stop_delay_s: float
+    allocation: RunningAllocation,
+    *,
+    now: float,
+    runtime_ratio: float,
+    stop_delay_s: float,
+    bound_overdue: bool = False,
 ) -> float:
     """When the allocation is expected to give its GPUs back: after `stop_delay_s` if it
     is stopping, else at its start plus `runtime_ratio` of its max runtime (never
     before `now`). The one expectation the estimates and the preemption hold-back share;
-    placement and reservations keep the max runtime, which bounds rather than expects."""
+    placement and reservations keep the max runtime, which bounds rather than expects.
+    With `bound_overdue` (the hold-back), a job already past that typical end is bounded
+    only by its max runtime: counted as ending now, every overdue long job looked about to
+    end and held paid's preemptions back (steady: paid p95 268 s against 359 s)."""
     if allocation.stopping:
         return now + stop_delay_s
-    return max(now, allocation.started_at + runtime_ratio * allocation.max_runtime_s)
+    end = allocation.started_at + runtime_ratio * allocation.max_runtime_s
+    if bound_overdue and end <= now:
+        end = allocation.started_at + allocation.max_runtime_s
+    return max(now, end)
 
 
 def free_times(

@@ -361,14 +361,13 @@ class _DispatchRound:
                 f"waiting for {_wanted_phrase(count, types)}: the free ones are kept for a "
                 f"larger job, or are not enough on one node",
             )
+        reason = busy
         expected = self.held_back.get(job.id)
         if expected is not None:
-            busy_reason = (
-                f"{busy}; not preempting: GPUs are expected to free up by themselves by "
-                f"t={expected:.0f}"
+            reason += (
+                f"; not preempting: GPUs are expected to free up by themselves by t={expected:.0f}"
             )
-            return f"{busy_reason}; {pick.describe()}", busy
-        return f"{busy}; {pick.describe()}", busy
+        return f"{reason}; {pick.describe()}", busy
 
     def _present(self, types) -> tuple[str, ...]:
         """The types of `types` that some active node has."""
@@ -651,13 +650,8 @@ class _DispatchRound:
         expected = self._expected_free_by(types, job.gpu_count)
         own = self.reservations.get(job.id)
         if own is not None:
-            pool = self.index.pools[own.pool_ordinal]
-            need = job.gpu_count - len(pool.free_ids)
-            ends = self._pool_ends(pool)
-            if need <= 0:
-                return self.now
-            if len(ends) >= need:
-                expected = min(expected, ends[need - 1])
+            own_pool = self.index.pools[own.pool_ordinal]
+            expected = min(expected, self._pool_expected_free(own_pool, job.gpu_count))
         return expected
 
     def _expected_free_by(self, types, count: int) -> float:
@@ -675,15 +669,19 @@ class _DispatchRound:
             for pool in self.index.pools_by_type.get(gpu_type, ()):
                 if pool.size < count or pool.reservation is not None:
                     continue
-                need = count - len(pool.free_ids)
-                if need <= 0:
-                    best = self.now
+                best = min(best, self._pool_expected_free(pool, count))
+                if best <= self.now:
                     break
-                ends = self._pool_ends(pool)
-                if len(ends) >= need and ends[need - 1] < best:
-                    best = ends[need - 1]
         self._expected_free[key] = best
         return best
+
+    def _pool_expected_free(self, pool: Pool, count: int) -> float:
+        """When `count` GPUs of the pool are expected to be free together by themselves."""
+        need = count - len(pool.free_ids)
+        if need <= 0:
+            return self.now
+        ends = self._pool_ends(pool)
+        return ends[need - 1] if len(ends) >= need else math.inf
 
     def _pool_ends(self, pool: Pool) -> list[float]:
         """The expected release time of each busy GPU of the pool, earliest first."""
@@ -696,10 +694,8 @@ class _DispatchRound:
                     now=self.now,
                     runtime_ratio=self.snapshot.runtime_ratio,
                     stop_delay_s=self.config.preemption_grace_s,
+                    bound_overdue=True,
                 )
-                if end <= self.now and not allocation.stopping:
-                    # Past its typical end: only its max runtime bounds it now.
-                    end = max(self.now, allocation.started_at + allocation.max_runtime_s)
                 ends.extend([end] * len(allocation.gpu_ids))
             ends.sort()
             self._pool_end_cache[pool.ordinal] = ends

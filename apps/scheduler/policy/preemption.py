@@ -25,12 +25,12 @@ Victims (this module) are chosen on one node, in one pool of an allowed GPU type
   lost since their last checkpoint in whole grace periods (rounded: losses within about
   one grace period count as equal), the highest victim tier, the sum of victim tiers, the
   exact work lost, the GPUs freed beyond what is needed; then the job's type preference
-  and node order. Work lost comes before
-  tier: a paid job that has just started, or has just checkpointed, loses less than a free
-  one that has run for a minute without a checkpoint, and every GPU-second lost is
-  capacity the waiting tiers no longer get (bursty, 16 GPUs at 1x, seeds 1-20: work lost
-  2.27 % of GPU time on average with tier first, 1.58 % with this order and enterprise's
-  3 s threshold; docs/simulator.md, "Victims by least work lost").
+  and node order. Work lost comes before tier: a paid job that has just started, or has
+  just checkpointed, loses less than a free one that has run for a minute without a
+  checkpoint, and every GPU-second lost is capacity the waiting tiers no longer get
+  (bursty, 16 GPUs at 1x, seeds 1-20: work lost 2.27 % of GPU time on average with tier
+  first, 1.58 % with this order and enterprise's 3 s threshold; docs/simulator.md,
+  "Victims by least work lost").
 """
 
 from __future__ import annotations
@@ -125,6 +125,11 @@ class VictimFinder:
             info = self._pools[pool.ordinal] = (candidates, below)
         return info
 
+    def _sort_key(self, victims, lost, top_rank, rank_sum, excess, type_rank, pool) -> tuple:
+        """The order victim sets are compared in (smallest best; see the module's doc)."""
+        step = round(lost / self._loss_step)
+        return (victims, step, top_rank, rank_sum, lost, excess, type_rank, pool.ordinal)
+
     def find(
         self,
         types: Iterable[str],
@@ -181,7 +186,7 @@ class VictimFinder:
         # Fast path: a single victim is always the fewest; take the best single one
         # (least work lost, lowest tier, least excess) without enumerating subsets.
         singles = []
-        taken, step = self.taken, self._loss_step
+        taken = self.taken
         for pool, need, type_rank, candidates in pools:
             for candidate in candidates:  # largest first: stop at the first too small
                 allocation, rank, gpus, lost = candidate
@@ -190,16 +195,7 @@ class VictimFinder:
                 if (rank > job_rank and rank not in borrowed_ranks) or allocation.id in taken:
                     continue
                 if usable(candidate):
-                    key = (
-                        1,
-                        round(lost / step),
-                        rank,
-                        rank,
-                        lost,
-                        gpus - need,
-                        type_rank,
-                        pool.ordinal,
-                    )
+                    key = self._sort_key(1, lost, rank, rank, gpus - need, type_rank, pool)
                     singles.append((key, pool, candidate))
         if singles:
             best = min(singles, key=_first)
@@ -251,16 +247,7 @@ class VictimFinder:
                     continue
                 ranks = [c[1] for c in subset]
                 lost = sum(c[3] for c in subset)
-                key = (
-                    k,
-                    round(lost / self._loss_step),
-                    max(ranks),
-                    sum(ranks),
-                    lost,
-                    freed - need,
-                    type_rank,
-                    pool.ordinal,
-                )
+                key = self._sort_key(k, lost, max(ranks), sum(ranks), freed - need, type_rank, pool)
                 if (best is not None and key >= best.sort_key) or (
                     incumbent is not None and key >= incumbent.sort_key
                 ):
