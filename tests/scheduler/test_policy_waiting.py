@@ -1,8 +1,10 @@
 """Why a job waits, where it stands and when it should start: what the round explains."""
 
+import math
+
 import pytest
 
-from apps.scheduler.policy import schedule, schedule_round
+from apps.scheduler.policy import PolicyConfig, UsageSnapshot, schedule, schedule_round
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
 NOW = 1000.0
@@ -61,6 +63,66 @@ def test_observed_runtimes_shorten_the_estimate():
     snap = snapshot([pool], [job("mine", submitted_at=NOW)], running=[busy], now=NOW)
     snap.runtime_ratio = 0.25
     assert waiting_of(schedule_round(snap))["mine"].estimated_start == NOW + 25
+
+
+def test_an_enterprise_job_behind_preemptible_free_work_expects_the_preemption_not_its_end():
+    pool = node("solo", gpus=1)
+    long_free = allocation(
+        "f", pool, [0], tier="free", org="f", started_at=NOW - 10, max_runtime_s=3600
+    )
+    queue = [job("vip", tier="enterprise", org="e", submitted_at=NOW, max_runtime_s=60)]
+    result = schedule_round(snapshot([pool], queue, running=[long_free], now=NOW))
+    assert result.decisions == []  # not yet past its 3 s preemption wait
+    config = PolicyConfig()
+    wait, grace = config.preemption_wait_s["enterprise"], config.preemption_grace_s
+    assert waiting_of(result)["vip"].estimated_start == NOW + wait + grace + 1
+
+
+def test_one_preemptible_gpu_brings_forward_only_the_first_of_two_enterprise_jobs():
+    pool = node("pair", gpus=2)
+    running = [
+        allocation("f", pool, [0], tier="free", org="f", started_at=NOW, max_runtime_s=3600),
+        allocation(
+            "p",
+            pool,
+            [1],
+            tier="paid",
+            org="p",
+            started_at=NOW,
+            max_runtime_s=100,
+            preemptible=False,
+        ),
+    ]
+    queue = [
+        job("first", tier="enterprise", org="e", submitted_at=NOW, max_runtime_s=60),
+        job("second", tier="enterprise", org="e", submitted_at=NOW + 0.5, max_runtime_s=60),
+    ]
+    waiting = waiting_of(schedule_round(snapshot([pool], queue, running=running, now=NOW)))
+    config = PolicyConfig()
+    by_preemption = NOW + config.preemption_wait_s["enterprise"] + config.preemption_grace_s + 1
+    assert waiting["first"].estimated_start == by_preemption
+    assert waiting["second"].estimated_start == NOW + 100  # the paid job's end
+
+
+def test_a_free_job_expects_its_wait_stretched_by_the_work_higher_tiers_bring():
+    pool = node("pair", gpus=2)
+    busy = [
+        allocation(f"r{i}", pool, [i], tier="free", org="x", started_at=NOW, max_runtime_s=100)
+        for i in (0, 1)
+    ]
+    queue = [job("mine", tier="free", org="me", submitted_at=NOW, max_runtime_s=60)]
+    half_life = PolicyConfig().usage_half_life_s
+    # Lately, enterprise and paid held one GPU of the two between them.
+    usage = UsageSnapshot(
+        by_tier={
+            "enterprise": 0.25 * half_life / math.log(2),
+            "paid": 0.75 * half_life / math.log(2),
+        }
+    )
+    quiet = schedule_round(snapshot([pool], queue, running=busy, now=NOW))
+    busy_above = schedule_round(snapshot([pool], queue, running=busy, now=NOW, usage=usage))
+    assert waiting_of(quiet)["mine"].estimated_start == NOW + 100
+    assert waiting_of(busy_above)["mine"].estimated_start == pytest.approx(NOW + 150)
 
 
 def test_a_job_no_node_can_hold_has_no_estimate():

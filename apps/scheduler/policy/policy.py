@@ -43,7 +43,7 @@ import gc
 import math
 
 from .config import TIER_RANK, TIERS
-from .estimate import estimate, free_times, typical_end
+from .estimate import Victims, estimate, free_times, stretch_by_tier, typical_end
 from .fairshare import FairShareQueue, Pick, RunningGpus
 from .placement import CapacityIndex, Pool, Reservation
 from .preemption import VictimChoice, VictimFinder
@@ -57,6 +57,7 @@ from .snapshot import (
     RoundResult,
     Waiting,
 )
+from .usage import equivalent_gpus
 
 # What a tenant reads about a job the round did not reach.
 NOT_REACHED = "waiting for its turn: jobs ahead of it get the next free GPUs"
@@ -439,6 +440,13 @@ class _DispatchRound:
             self.index.allowed_types,
             now=self.now,
             runtime_ratio=self.snapshot.runtime_ratio,
+            stretch=stretch_by_tier(self._held_above_lately(), self.capacity),
+            preempts_at=self._preempts_at,
+            victims=Victims(
+                self.snapshot.running,
+                {gpu.id: gpu.type for node in self.snapshot.nodes for gpu in node.gpus},
+                max_preemptions=self.config.max_preemptions_per_job,
+            ),
         )
         waiting = []
         for job in order:
@@ -449,6 +457,27 @@ class _DispatchRound:
             position, start = estimates[job.id]
             waiting.append(Waiting(job.id, reason, public, position, start))
         return waiting
+
+    def _preempts_at(self, job: QueuedJob) -> float | None:
+        """When the job's tier would preempt for it at the latest: past its preemption
+        wait, plus the victims' grace and a tick (None: its tier never preempts)."""
+        wait = self.config.preemption_wait_s.get(job.tier)
+        if wait is None:
+            return None
+        return max(self.now, job.submitted_at + wait) + self.config.preemption_grace_s + 1.0
+
+    def _held_above_lately(self) -> dict[str, float]:
+        """tier -> GPUs the tiers ranked above it held lately (their decayed usage, as
+        the GPUs that would have earned it)."""
+        half_life = self.config.usage_half_life_s
+        held = {
+            tier: equivalent_gpus(self.snapshot.usage.by_tier.get(tier, 0.0), half_life)
+            for tier in TIERS
+        }
+        return {
+            tier: sum(gpus for other, gpus in held.items() if TIER_RANK[other] > TIER_RANK[tier])
+            for tier in TIERS
+        }
 
     def _hold_reservation(self, pool: Pool, job: QueuedJob, start: float) -> Reservation:
         reservation = self.index.reserve(pool, job, start)
