@@ -107,6 +107,23 @@ def running_attempts(platform, job_ids) -> dict[str, tuple[str, str, int]]:
     return {job: (node, attempt, number) for job, node, attempt, number in rows}
 
 
+def where_they_are(platform, job_ids) -> str:
+    """Each job's status, what its queue entry says and its attempts: what a timeout
+    message needs for the next reader to tell a slow reaper from a stuck dispatcher."""
+    attempts: dict[str, list] = {}
+    for job, number, node, _worker, state, exit_class, _started, _finished in attempts_of(
+        platform, job_ids
+    ):
+        attempts.setdefault(job, []).append(f"#{number} {node} {state} {exit_class or ''}".strip())
+    lines = []
+    for job in job_ids:
+        body = platform.job(job)
+        lines.append(
+            f"{job}: {body['status']}, queue {body.get('queue')}, attempts {attempts.get(job, [])}"
+        )
+    return "; ".join(lines)
+
+
 def test_worker_host_cut_mid_run_its_jobs_resume_elsewhere_and_its_stale_runs_write_nothing(
     platform,
 ):
@@ -134,17 +151,20 @@ def test_worker_host_cut_mid_run_its_jobs_resume_elsewhere_and_its_stale_runs_wr
     cut_at = time.time()
     platform.bed.hosts[lost_host].cut()
     try:
-        wait_until(
-            lambda: all(
-                job in now and now[job][0] != lost_host
-                for now in [running_attempts(platform, list(lost))]
-                for job in lost
-            ),
-            what="the lost host's jobs running again elsewhere",
-            timeout=60,
-            check=platform.check_alive,
-            every=0.2,
-        )
+        try:
+            wait_until(
+                lambda: all(
+                    job in now and now[job][0] != lost_host
+                    for now in [running_attempts(platform, list(lost))]
+                    for job in lost
+                ),
+                what="the lost host's jobs running again elsewhere",
+                timeout=60,
+                check=platform.check_alive,
+                every=0.2,
+            )
+        except AssertionError as timeout:
+            raise AssertionError(f"{timeout}; {where_they_are(platform, job_ids)}") from timeout
         resumed_after = time.time() - cut_at
         platform.wait_jobs(job_ids, "succeeded", timeout=120)
     finally:
