@@ -98,38 +98,49 @@ def free_times(
 
 
 class Victims:
-    """The preemptible GPUs of each tier and type that waiting jobs of higher tiers may
-    take (running, not stopping, under the per-job preemption cap), each counted for one
-    job: the estimates' view of preemption."""
+    """The estimates' view of preemption: the preemptible GPUs of each tier and type
+    (running, not stopping, under the per-job preemption cap) that waiting jobs of
+    higher tiers may take once their tier's preemption wait is over, each GPU counted
+    for one job."""
 
     def __init__(
         self,
-        running: Iterable[RunningAllocation],
-        type_of: Mapping[Id, str],
+        held: Iterable[tuple[str, RunningAllocation]],
         *,
+        now: float,
+        waits: Mapping[str, float | None],
+        grace_s: float,
         max_preemptions: int,
     ):
+        """`held`: (GPU type, allocation) for each allocation running on the fleet;
+        `waits`: tier -> how long its jobs wait before preempting (None: never)."""
+        self._now, self._waits, self._grace_s = now, waits, grace_s
         self._gpus: dict[tuple[int, str], int] = {}  # (tier rank, GPU type) -> GPUs
-        for allocation in running:
+        for gpu_type, allocation in held:
             if (
                 allocation.stopping
                 or not allocation.preemptible
                 or allocation.preemptions >= max_preemptions
             ):
                 continue
-            rank = TIER_RANK.get(allocation.tier, 0)
-            for gpu_id in allocation.gpu_ids:
-                key = (rank, type_of.get(gpu_id, ""))
-                self._gpus[key] = self._gpus.get(key, 0) + 1
+            key = (TIER_RANK.get(allocation.tier, 0), gpu_type)
+            self._gpus[key] = self._gpus.get(key, 0) + allocation.gpu_count
 
-    def take(self, job: QueuedJob, types: tuple[str, ...]) -> bool:
-        """Take the job's GPUs from tiers below its own, lowest first, on the types it
-        may use (on any nodes: a lower bound of what one node must hold); False, taking
-        nothing, if there are too few."""
+    def take(self, job: QueuedJob, types: tuple[str, ...], *, before: float) -> float | None:
+        """When preemption would start the job, if that is before `before` and enough
+        GPUs of lower tiers run on the types it may use (on any nodes: a lower bound of
+        what one node must hold): its preemption wait, the victims' grace and a tick.
+        Those GPUs, lowest tiers first, are then taken; None takes nothing."""
+        wait = self._waits.get(job.tier)
+        if wait is None:
+            return None
+        at = max(self._now, job.submitted_at + wait) + self._grace_s + 1.0
+        if at >= before:
+            return None
         rank = TIER_RANK.get(job.tier, 0)
         usable = sorted(k for k, n in self._gpus.items() if n and k[0] < rank and k[1] in types)
         if sum(self._gpus[k] for k in usable) < job.gpu_count:
-            return False
+            return None
         wanted = job.gpu_count
         for key in usable:
             taken = min(wanted, self._gpus[key])
@@ -137,7 +148,7 @@ class Victims:
             wanted -= taken
             if not wanted:
                 break
-        return True
+        return at
 
 
 def estimate(
@@ -148,17 +159,15 @@ def estimate(
     now: float,
     runtime_ratio: float,
     stretch: Mapping[str, float] | None = None,
-    preempts_at: Callable[[QueuedJob], float | None] | None = None,
     victims: Victims | None = None,
 ) -> dict[Id, tuple[int, float | None]]:
     """job id -> (position among the jobs ahead that compete for a GPU type it may use,
     estimated start or None). `heaps` is consumed.
 
     `stretch` (tier -> factor, see stretch_by_tier) lengthens each tier's waits for the
-    higher-tier work yet to come; the schedule itself is not stretched. `preempts_at`
-    says when a job's tier would preempt for it (None: never): a job that would start
-    sooner so, on GPUs it takes from `victims`, is estimated to start then and leaves
-    the GPUs that free up by themselves to the jobs after it."""
+    higher-tier work yet to come; the schedule itself is not stretched. A job that
+    preemption would start sooner (`victims`) is estimated to start then and leaves the
+    GPUs that free up by themselves to the jobs after it."""
     stretch = stretch or {}
     result: dict[Id, tuple[int, float | None]] = {}
     ahead_by_types: dict[tuple[str, ...], int] = {}
@@ -183,13 +192,8 @@ def estimate(
             result[job.id] = (ahead + 1, None)
             continue
         start = now + max(0.0, best_start - now) * stretch.get(job.tier, 1.0)
-        preempting = preempts_at(job) if preempts_at is not None else None
-        if (
-            preempting is not None
-            and preempting < start
-            and victims is not None
-            and victims.take(job, types)
-        ):
+        preempting = victims.take(job, types, before=start) if victims is not None else None
+        if preempting is not None:
             result[job.id] = (ahead + 1, preempting)
             continue
         heap = heaps[best_type]

@@ -441,10 +441,11 @@ class _DispatchRound:
             now=self.now,
             runtime_ratio=self.snapshot.runtime_ratio,
             stretch=stretch_by_tier(self._held_above_lately(), self.capacity),
-            preempts_at=self._preempts_at,
             victims=Victims(
-                self.snapshot.running,
-                {gpu.id: gpu.type for node in self.snapshot.nodes for gpu in node.gpus},
+                ((pool.gpu_type, a) for pool in self.index.pools for a in pool.allocations),
+                now=self.now,
+                waits=self.config.preemption_wait_s,
+                grace_s=self.config.preemption_grace_s,
                 max_preemptions=self.config.max_preemptions_per_job,
             ),
         )
@@ -457,14 +458,6 @@ class _DispatchRound:
             position, start = estimates[job.id]
             waiting.append(Waiting(job.id, reason, public, position, start))
         return waiting
-
-    def _preempts_at(self, job: QueuedJob) -> float | None:
-        """When the job's tier would preempt for it at the latest: past its preemption
-        wait, plus the victims' grace and a tick (None: its tier never preempts)."""
-        wait = self.config.preemption_wait_s.get(job.tier)
-        if wait is None:
-            return None
-        return max(self.now, job.submitted_at + wait) + self.config.preemption_grace_s + 1.0
 
     def _held_above_lately(self) -> dict[str, float]:
         """tier -> GPUs the tiers ranked above it held lately (their decayed usage, as
