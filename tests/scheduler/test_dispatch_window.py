@@ -111,3 +111,40 @@ def test_few_users_with_queued_jobs_widen_the_window(settings):
 
     assert len(snapshot.cluster.queued) == 4
     assert snapshot.cluster.backlog == {("paid", str(user.org_id)): QueueBacklog(jobs=2, gpus=2)}
+
+
+def test_with_more_users_than_the_cap_the_database_lists_the_users_the_policy_would(settings):
+    # 100,000 free users with one job each would make a tick read them all; the cap
+    # keeps a tick's read bounded: a share per tier, each org's oldest user first.
+    settings.GANTRY_POLICY = {
+        "queue_depth_per_user": 2,
+        "queue_window_jobs": 0,
+        "queue_window_max_jobs": 3,
+    }
+    crowd = OrgFactory(tier=Tier.FREE)
+    crowd_users = [UserFactory(org=crowd) for _ in range(4)]
+    for n, user in enumerate(crowd_users):
+        _jobs_of(user, 2, waited_from=900.0 - n)  # the crowd queued first
+    loner = UserFactory(org=OrgFactory(tier=Tier.FREE))
+    loner_jobs = _jobs_of(loner, 1, waited_from=100.0)
+    paid_user = UserFactory(org=OrgFactory())
+    paid_jobs = _jobs_of(paid_user, 3, waited_from=50.0)
+
+    read = build_snapshot().cluster
+    whole = build_snapshot(
+        config=PolicyConfig(queue_depth_per_user=10_000, queue_window_max_jobs=10_000)
+    ).cluster.queued
+    window = queue_window(whole, read.config)
+
+    # Six users for three places: paid's one user (one job) and two of free's five: the
+    # crowd's oldest, then the loner (its org's first user) before the crowd's second.
+    first_crowd_job = Job.objects.filter(user=crowd_users[0]).order_by("queued_at").first()
+    assert {job.id for job in read.queued} == {
+        str(first_crowd_job.pk),
+        str(loner_jobs[0].pk),
+        str(paid_jobs[0].pk),
+    }
+    assert [job.id for job in read.queued] == [job.id for job in window.listed]
+    assert read.backlog == window.backlog
+    assert read.backlog[("free", str(crowd.pk))] == QueueBacklog(jobs=7, gpus=7)
+    assert read.backlog[("paid", str(paid_user.org_id))] == QueueBacklog(jobs=2, gpus=2)

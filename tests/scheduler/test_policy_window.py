@@ -9,6 +9,7 @@ from apps.scheduler.policy import (
     QueueBacklog,
     RunningGpus,
     UsageSnapshot,
+    listed_users,
     queue_window,
     schedule,
     window_depth,
@@ -176,9 +177,77 @@ def test_an_org_over_its_share_does_not_preempt_although_its_rivals_jobs_are_unl
     assert [d.for_job_id for d in decide(window.listed, None)] == ["a-next"]  # the bug
 
 
+def test_many_users_see_fewer_jobs_each_down_to_one_within_the_hard_cap():
+    config = PolicyConfig(queue_depth_per_user=4, queue_window_jobs=0, queue_window_max_jobs=6)
+    assert window_depth([10], config) == 4  # within the cap: the per-user floor holds
+    assert window_depth([10] * 3, config) == 2  # 3 users x 4 would be 12
+    assert window_depth([10] * 6, config) == 1
+    assert window_depth([10] * 9, config) == 1  # and `listed_users` picks 6 of them
+
+
+def _heads_queue():
+    """Seven users, each with two jobs: org A's three users queued first, then the rest."""
+    heads = [("paid", "A", "a1", 1.0), ("paid", "A", "a2", 2.0), ("paid", "A", "a3", 3.0)]
+    heads += [("free", "C", "c1", 5.0), ("free", "C", "c2", 6.0), ("paid", "B", "b1", 10.0)]
+    heads += [("enterprise", "D", "d1", 20.0)]
+    return [
+        job(f"{user}-{i}", tier=tier, org=org, user=user, submitted_at=at + i / 10)
+        for tier, org, user, at in heads
+        for i in range(2)
+    ]
+
+
+def test_more_users_than_the_cap_list_every_tier_and_every_orgs_oldest_user_first():
+    config = PolicyConfig(queue_depth_per_user=2, queue_window_jobs=0, queue_window_max_jobs=5)
+
+    window = queue_window(_heads_queue(), config)
+
+    # Two users per tier at most (1 + 2 + 2 = 5): enterprise's only user; of paid, org B's
+    # only user before org A's second, though A's users queued long before; free's two.
+    assert [j.id for j in window.listed] == ["a1-0", "c1-0", "c2-0", "b1-0", "d1-0"]
+    assert window.backlog == {
+        ("paid", "A"): QueueBacklog(jobs=5, gpus=5),
+        ("paid", "B"): QueueBacklog(jobs=1, gpus=1),
+        ("free", "C"): QueueBacklog(jobs=2, gpus=2),
+        ("enterprise", "D"): QueueBacklog(jobs=1, gpus=1),
+    }
+
+
+def test_a_claimed_job_is_listed_although_its_user_is_not():
+    config = PolicyConfig(queue_depth_per_user=2, queue_window_jobs=0, queue_window_max_jobs=5)
+    queue = _heads_queue()
+    queue.append(job("a3-claimed", org="A", user="a3", submitted_at=30.0, claimed_node="n0"))
+
+    assert "a3-claimed" in [j.id for j in queue_window(queue, config).listed]
+
+
+def test_with_more_users_than_the_cap_the_policy_cuts_the_whole_queue_as_the_window_does():
+    fleet = [node("n0", gpus=8)]
+    config = PolicyConfig(queue_depth_per_user=2, queue_window_jobs=0, queue_window_max_jobs=5)
+    queue = _heads_queue()
+    window = queue_window(queue, config)
+    windowed = snapshot(fleet, window.listed, now=60.0, config=config, backlog=window.backlog)
+
+    decisions = schedule(snapshot(fleet, queue, now=60.0, config=config))
+
+    assert decisions == schedule(windowed)
+    assert sorted(placed(decisions)) == ["a1-0", "b1-0", "c1-0", "c2-0", "d1-0"]
+
+
+def test_listed_users_is_none_while_every_user_fits():
+    config = PolicyConfig(queue_window_max_jobs=3)
+    heads = [("paid", "A", f"u{i}", float(i)) for i in range(3)]
+    assert listed_users(heads, config) is None
+    assert listed_users([*heads, ("paid", "B", "v", 9.0)], config) == {
+        ("paid", "A", "u0"),
+        ("paid", "B", "v"),
+        ("paid", "A", "u1"),
+    }
+
+
 @pytest.mark.parametrize(
     "options",
-    [{"queue_depth_per_user": 0}, {"queue_window_jobs": -1}],
+    [{"queue_depth_per_user": 0}, {"queue_window_jobs": -1}, {"queue_window_max_jobs": 0}],
 )
 def test_the_window_must_be_positive(options):
     with pytest.raises(ValueError):

@@ -37,7 +37,7 @@ from .snapshot import (
     Waiting,
 )
 from .usage import DecayedUsage, accrue, decay, equivalent_gpus
-from .window import QueueWindow, queue_window, window_depth
+from .window import QueueWindow, listed_users, queue_window, window_depth
 
 __all__ = [
     "ENTERPRISE",
@@ -74,6 +74,7 @@ __all__ = [
     "decay",
     "equivalent_gpus",
     "is_victim_candidate",
+    "listed_users",
     "queue_window",
     "schedule",
     "schedule_round",

@@ -159,8 +159,13 @@ class PolicyConfig:
     view as older ones start (see `window.py`). Bounds what a round reads, whatever the
     size of the queue, while a few users with deep queues still see far into them."""
     queue_depth_per_user: int = 4
-    """...but never fewer than this many jobs of each user, however many users queue:
-    then a round reads users × this many jobs."""
+    """...but never fewer than this many jobs of each user, while users × this many
+    jobs stay within `queue_window_max_jobs`."""
+    queue_window_max_jobs: int = 20_000
+    """Queued jobs a round looks at, at most, however many users queue (claimed jobs
+    besides): fewer jobs of each user, down to one, and beyond that only this many users,
+    shared max-min between tiers and, within a tier, each org's oldest user first (see
+    `window.py`). Bounds the tick's read and decide at 100,000 queued users."""
 
     def __post_init__(self):
         for name in (
@@ -204,6 +209,8 @@ class PolicyConfig:
             raise ValueError("aging_shares_per_hour: must be >= 0")
         if self.queue_depth_per_user < 1:
             raise ValueError("queue_depth_per_user: must be >= 1")
+        if self.queue_window_max_jobs < 1:
+            raise ValueError("queue_window_max_jobs: must be >= 1")
         if self.same_tier_preemption_factor < 1.0:
             raise ValueError("same_tier_preemption_factor: must be >= 1")
         for name in (

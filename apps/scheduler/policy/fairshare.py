@@ -45,7 +45,7 @@ from operator import attrgetter
 from .config import TIER_RANK, TIERS, PolicyConfig
 from .snapshot import Id, QueueBacklog, QueuedJob, RunningAllocation, UsageSnapshot
 from .usage import equivalent_gpus
-from .window import window_depth
+from .window import listed_users, window_depth
 
 
 @dataclass(slots=True)
@@ -325,6 +325,20 @@ class FairShareQueue:
             ),
             config,
         )
+        # Beyond `queue_window_max_jobs` users, only those `listed_users` picks.
+        shown = None
+        if sum(len(users) for orgs in grouped.values() for users in orgs.values()) > (
+            config.queue_window_max_jobs
+        ):
+            shown = listed_users(
+                (
+                    (tier_name, org_name, user_name, min(map(_FIFO_ORDER, group)))
+                    for tier_name, orgs in grouped.items()
+                    for org_name, users in orgs.items()
+                    for user_name, group in users.items()
+                ),
+                config,
+            )
         backlog = backlog or {}
         # GPUs asked for by the queued jobs of each (tier, org), listed or not: demand
         # for entitlements.
@@ -352,18 +366,23 @@ class FairShareQueue:
                 org = _Org(org_name, weight)
                 gpus = self.queued_gpus_by_org.get((tier_name, org_name), 0)
                 for user_name, group in users.items():
+                    user_depth = depth
+                    if shown is not None and (tier_name, org_name, user_name) not in shown:
+                        user_depth = 0
                     if len(group) > 1:
                         # FIFO; stable: ties keep snapshot order (linear when listed
                         # oldest first, as the dispatcher and the simulator do).
                         group.sort(key=_FIFO_ORDER)
-                        if len(group) > depth:
-                            deeper = group[depth:]
-                            del group[depth:]
-                            for job in deeper:
-                                if job.claimed_node is None:
-                                    gpus += job.gpu_count
-                                else:
-                                    group.append(job)  # younger than the rest: FIFO kept
+                    if len(group) > user_depth:
+                        deeper = group[user_depth:]
+                        del group[user_depth:]
+                        for job in deeper:
+                            if job.claimed_node is None:
+                                gpus += job.gpu_count
+                            else:
+                                group.append(job)  # younger than the rest: FIFO kept
+                        if not group:
+                            continue
                     for job in group:
                         if job.claimed_node is None:
                             if job.submitted_at < oldest_unclaimed:

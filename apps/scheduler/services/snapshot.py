@@ -97,10 +97,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         queued = _queued(config)
         depth, backlog = _queue_totals(queued)
         org_ids = {job.org for job in queued} | {a.org for a in running}
-        org_weights = {
-            str(pk): weight
-            for pk, weight in Org.objects.filter(pk__in=org_ids).values_list("pk", "weight")
-        }
+        org_weights = _org_weights(org_ids)
         usage = _usage(db_now, held_by_owner, config)
         runtime_ratio = _runtime_ratio()
     cluster = ClusterSnapshot(
@@ -138,6 +135,16 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio) FROM (
 def _runtime_ratio() -> float:
     (ratio,) = _rows(_RUNTIME_RATIO_SQL)[0]
     return 1.0 if ratio is None else min(1.0, max(0.01, float(ratio)))
+
+
+def _org_weights(org_ids: set[str]) -> dict[str, float]:
+    """The fair-share weights of these orgs other than 1 (the policy's default for a
+    missing org): one array parameter, however many orgs queue."""
+    sql = (
+        f"SELECT id::text, weight FROM {Org._meta.db_table}"  # noqa: S608
+        " WHERE id = ANY(%s::uuid[]) AND weight <> 1"
+    )
+    return dict(_rows(sql, [list(org_ids)]))
 
 
 def _rows(sql: str, params=None) -> list[tuple]:
@@ -252,31 +259,67 @@ def _running(now: float, gpus_of: dict[str, list[int]]):
 # The queue window (`apps.scheduler.policy.window`): each user's first `depth` eligible
 # jobs in the policy's FIFO order (a preempted job keeps its place: it has waited since it
 # was submitted), plus every job with a claim; `depth` is `window_depth`: the largest
-# that keeps sum(min(user's jobs, depth)) within the window, and at least `per_user`.
+# that keeps sum(min(user's jobs, depth)) within the window, and at least `per_user`,
+# unless that lists more than `max_jobs`: then the largest within `max_jobs`, at least 1.
+# With more users than `max_jobs`, only the users `listed_users` picks: per tier the same
+# number (max-min), each org's users oldest head first, every org's first user before
+# any org's second (those steps run only then: PostgreSQL evaluates a CASE branch's
+# subquery only when it is taken).
 # Times come back as epoch floats: cheap to read, one clock. A job that never started and
 # is past its start deadline is not eligible: it is never placed, and the deadline sweep
 # (jobs.services.deadlines) cancels it; one that started before (preempted, retried) met it.
 QUEUED_SQL = """
 WITH eligible AS (
-    SELECT id, org_id, user_id,
+    SELECT id, tier, org_id, user_id,
            CASE WHEN preemption_count > 0 THEN created_at ELSE queued_at END AS submitted
     FROM {job}
     WHERE status = 'queued' AND (not_before IS NULL OR not_before <= now())
       AND (start_deadline_at IS NULL OR start_deadline_at > now() OR started_at IS NOT NULL)
 ), ranked AS (
-    SELECT id, row_number() OVER (PARTITION BY org_id, user_id
-                                  ORDER BY submitted, id) AS position
+    SELECT id, tier, org_id, user_id, submitted,
+           row_number() OVER (PARTITION BY org_id, user_id ORDER BY submitted, id) AS position
     FROM eligible
 ), levels AS (
-    -- users with at least `position` jobs, per position
-    SELECT position, count(*) AS users FROM ranked GROUP BY position
+    -- users with at least `position` jobs, per position, and the jobs listed down to it
+    SELECT position, sum(users) OVER (ORDER BY position) AS listed
+    FROM (SELECT position, count(*) AS users FROM ranked GROUP BY position) p
 ), window_depth AS (
     -- the deepest level whose jobs, with all shallower ones, fit in the window
-    SELECT greatest(%(per_user)s, coalesce(max(position), 0)) AS depth
-    FROM (SELECT position, sum(users) OVER (ORDER BY position) AS listed FROM levels) l
-    WHERE listed <= %(window)s
+    SELECT greatest(%(per_user)s,
+                    coalesce(max(position) FILTER (WHERE listed <= %(window)s), 0)) AS depth
+    FROM levels
+), capped_depth AS MATERIALIZED (  -- one row, computed once
+    SELECT CASE
+        WHEN coalesce((SELECT max(listed) FROM levels l WHERE l.position <= w.depth), 0)
+             <= %(max_jobs)s THEN w.depth
+        ELSE greatest(1, (SELECT coalesce(max(position), 0) FROM levels
+                          WHERE listed <= %(max_jobs)s))
+    END AS depth
+    FROM window_depth w
+), heads AS (
+    -- each user's oldest job, ranked within its org (read only when users are cut)
+    SELECT id, tier, org_id, user_id, submitted FROM ranked WHERE position = 1
+), tier_ranked AS (
+    SELECT id, row_number() OVER (PARTITION BY tier
+                                  ORDER BY in_org, submitted, org_id, user_id) AS in_tier
+    FROM (SELECT *, row_number() OVER (PARTITION BY tier, org_id
+                                       ORDER BY submitted, user_id) AS in_org
+          FROM heads) h
+), users_per_tier AS MATERIALIZED (
+    -- NULL: every user is listed (the users are the listed jobs at depth 1)
+    SELECT CASE WHEN (SELECT listed FROM levels WHERE position = 1) <= %(max_jobs)s
+                THEN NULL ELSE (
+        SELECT coalesce(max(in_tier), 0) FROM (
+            SELECT in_tier, sum(tiers) OVER (ORDER BY in_tier) AS listed
+            FROM (SELECT in_tier, count(*) AS tiers FROM tier_ranked GROUP BY in_tier) t
+        ) l WHERE listed <= %(max_jobs)s
+    ) END AS cutoff
 ), offered AS (
-    SELECT r.id FROM ranked r, window_depth w WHERE r.position <= w.depth
+    SELECT r.id FROM users_per_tier u, capped_depth d, ranked r
+    WHERE u.cutoff IS NULL AND r.position <= d.depth
+    UNION ALL
+    SELECT t.id FROM users_per_tier u, tier_ranked t
+    WHERE u.cutoff IS NOT NULL AND t.in_tier <= u.cutoff
     UNION
     SELECT job_id FROM {claim}
 )
@@ -315,7 +358,11 @@ def _queued(config: PolicyConfig) -> list[QueuedJob]:
     sql = QUEUED_SQL.format(
         job=Job._meta.db_table, claim=NodeClaim._meta.db_table, node=Node._meta.db_table
     )
-    params = {"per_user": config.queue_depth_per_user, "window": config.queue_window_jobs}
+    params = {
+        "per_user": config.queue_depth_per_user,
+        "window": config.queue_window_jobs,
+        "max_jobs": config.queue_window_max_jobs,
+    }
     rows = _rows(sql, params)
     queued = [
         QueuedJob(

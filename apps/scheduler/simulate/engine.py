@@ -54,7 +54,7 @@ from apps.scheduler.policy import (
     RoundResult,
     RunningAllocation,
 )
-from apps.scheduler.policy.window import window_depth
+from apps.scheduler.policy.window import listed_users, window_depth
 
 from .fleet import FleetModel
 from .workload import JobSpec, Workload
@@ -468,12 +468,20 @@ class Simulation:
         """What the dispatcher's query returns: each user's first `window_depth` jobs and
         every claimed job, oldest first, and the backlog of the others."""
         depth = window_depth(map(len, self.user_queues.values()), self.config)
+        users = None  # every user's first jobs, unless there are too many users
+        if len(self.user_queues) > self.config.queue_window_max_jobs:
+            users = listed_users(
+                ((*key, queue[0][0]) for key, queue in self.user_queues.items()), self.config
+            )
         entries = []
-        for user_queue in self.user_queues.values():
-            entries.extend(user_queue[:depth])
+        for key, user_queue in self.user_queues.items():
+            if users is None or key in users:
+                entries.extend(user_queue[:depth])
         for state in self.claimed.values():
-            user_queue = self.user_queues[(state.spec.tier, state.spec.org, state.spec.user)]
-            if bisect.bisect_left(user_queue, state.queue_entry[:2]) >= depth:
+            key = (state.spec.tier, state.spec.org, state.spec.user)
+            if (users is not None and key not in users) or bisect.bisect_left(
+                self.user_queues[key], state.queue_entry[:2]
+            ) >= depth:
                 entries.append(state.queue_entry)
         entries.sort(key=_ENTRY_ORDER)
         listed: dict[tuple[str, str], list[int]] = {}
