@@ -342,7 +342,8 @@ GANTRY_DISPATCH_DECISION_RETENTION_DAYS = env.int(
     "GANTRY_DISPATCH_DECISION_RETENTION_DAYS", default=30
 )
 # Other knobs of apps.scheduler.policy.PolicyConfig, by name (e.g. {"max_reservations": 8});
-# how much of the queue a tick reads is queue_window_jobs / queue_depth_per_user there.
+# how much of the queue a tick reads is queue_window_jobs / queue_depth_per_user /
+# queue_window_max_jobs there.
 GANTRY_POLICY = env.json("GANTRY_POLICY", default={})
 
 

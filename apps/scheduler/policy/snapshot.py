@@ -101,10 +101,11 @@ class QueuedJob:
 class QueueBacklog:
     """Queued jobs of one (tier, org) that the snapshot does not list (see `queue_window`).
 
-    A round considers at most `PolicyConfig.queue_depth_per_user` jobs of each user; the
-    deeper ones only count towards the org's demand (its fair entitlement, which decides
-    whether it may preempt). Each user's oldest job is always listed, so the oldest job
-    of an org, which aging reads, is always among the listed ones."""
+    A round considers each user's first `window_depth` jobs, of at most
+    `queue_window_max_jobs` users; the others only count towards the org's demand (its
+    fair entitlement, which decides whether it may preempt). Below that many users, each
+    user's oldest job is always listed, so the oldest job of an org, which aging reads,
+    is always among the listed ones."""
 
     jobs: int = 0
     gpus: int = 0  # GPUs the jobs ask for, together
