@@ -24,6 +24,16 @@ def test_the_bursty_workload_is_short_requests_from_many_tenants_at_the_load_ask
     assert min(per_minute) == 0 and max(per_minute) >= 2 * statistics.mean(per_minute)
 
 
+def test_the_bursty_warm_up_is_never_empty_however_short_the_run():
+    # A first quiet segment (up to 8 minutes) used to fill a short run's warm-up: a
+    # 900 s run of seed 1 measured from its first request, on an idle fleet.
+    fleet = synthetic_fleet(16)
+    for seed in range(1, 21):
+        for duration in (300.0, 900.0, 1800.0, 3600.0):
+            load = bursty(fleet.gpu_types, fleet.total_gpus, duration, seed=seed)
+            assert any(job.submit_at < 0.15 * duration for job in load.jobs), (seed, duration)
+
+
 def test_a_bursty_run_follows_every_job_to_its_start_and_scores_the_estimates():
     report = run_scenario("bursty", ["fair", "strict"], gpus=16, duration_s=900.0, overload=0.7)
     text = report.text()

@@ -439,8 +439,9 @@ def bursty(
     """Bursts of short requests from many small tenants (see the module docstring).
 
     Demand follows segments of 1 to 8 minutes, each at a level drawn between 0 and
-    BURSTY_MAX_LEVEL (a quarter of them quiet), and the arrival rate is scaled so that
-    the mean offered load is `load` × the fleet."""
+    BURSTY_MAX_LEVEL (a quarter of them quiet, but no quiet start that outlasts the
+    warm-up, 15 % of the run), and the arrival rate is scaled so that the mean offered
+    load is `load` × the fleet."""
     rng = random.Random(f"bursty-{seed}")
     tenants = max(200, min(4000, 4 * total_gpus))
     orgs: list[OrgSpec] = []
@@ -453,6 +454,8 @@ def bursty(
     while t < duration_s:
         length = rng.uniform(60.0, 480.0)
         level = 0.0 if rng.random() < 0.25 else rng.uniform(0.2, BURSTY_MAX_LEVEL)
+        if not level and t + length >= 0.15 * duration_s and not any(seg[2] for seg in segments):
+            continue  # a quiet start would leave the warm-up empty: draw another
         segments.append((t, min(duration_s, t + length), level))
         t += length
     # Normalised over the measured window (after the default 15 % warm-up).
