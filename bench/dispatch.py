@@ -15,6 +15,10 @@ hour), inserted in bulk. Then: a first tick, which fills the empty fleet (thousa
 placements), and a second tick on the full fleet (the steady state: few or no
 decisions), each timed as snapshot / policy / apply. The queue sizes are measured in
 turn, baseline first, so the ratio shows how the read grows with the queue.
+
+`--crowd N` adds a last row: N users (in orgs of 5) with one queued job each, the shape
+of a free tier's sign-ups, where the queue window's per-user floor does not bound the
+read and its hard cap (`queue_window_max_jobs`) does.
 """
 
 from __future__ import annotations
@@ -82,14 +86,36 @@ def build_tenants(orgs: int) -> list[tuple[str, str, str, list[str]]]:
     return tenants
 
 
-def queue_jobs(tenants, count: int, seed: int) -> None:
+def build_crowd(users: int) -> list[tuple[str, str, str, list[str]]]:
+    """`users` free-tier users in orgs of 5, in bulk (tenants as build_tenants has them)."""
+    from apps.accounts.models import Org, Project, User
+
+    orgs = Org.objects.bulk_create(
+        Org(name=f"crowd-{n}", tier="free") for n in range(-(-users // 5))
+    )
+    projects = Project.objects.bulk_create(Project(org=org, name="crowd") for org in orgs)
+    members = User.objects.bulk_create(User(org=orgs[n // 5], name=f"c{n}") for n in range(users))
+    return [
+        ("free", str(org.pk), str(project.pk), [str(u.pk) for u in members[5 * i : 5 * i + 5]])
+        for i, (org, project) in enumerate(zip(orgs, projects, strict=True))
+    ]
+
+
+def queue_one_each(tenants, seed: int) -> int:
+    """One queued job for every user of `tenants`; returns how many."""
+    rows = [(tier, org, project, [user]) for tier, org, project, users in tenants for user in users]
+    queue_jobs(rows, len(rows), seed, pick=iter(rows).__next__)
+    return len(rows)
+
+
+def queue_jobs(tenants, count: int, seed: int, pick=None) -> None:
     """`count` queued jobs, in one INSERT ... SELECT per batch (the ORM would take minutes)."""
     from django.db import connection
 
     rng = random.Random(seed)
     rows = []
     for _ in range(count):
-        tier, org, project, users = rng.choice(tenants)
+        tier, org, project, users = pick() if pick else rng.choice(tenants)
         gpus = rng.choice((1, 1, 1, 2, 2, 4, 8))
         types = rng.choice(("{H100,A100}", "{A100}", "{H100}", "{}"))
         age = rng.uniform(0, 3600)
@@ -166,6 +192,12 @@ def main(argv=None) -> int:
     parser.add_argument("--queued", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
+        "--crowd",
+        type=int,
+        default=0,
+        help="then a tick with this many users queueing one job each (0: none)",
+    )
+    parser.add_argument(
         "--no-apply",
         action="store_true",
         help="read and decide only (one tick per size; applying a first tick on a large "
@@ -207,20 +239,26 @@ def main(argv=None) -> int:
             f"{'publish ms':>10} {'total ms':>9}"
         )
         reads = {}
-        for size in sorted(args.queued):
-            # A fresh queue and an empty fleet for each size (TRUNCATE: the event log
-            # refuses DELETE, and allows TRUNCATE only in test_* databases like this one).
-            tables = [m._meta.db_table for m in (JobEvent, GpuAssignment, Attempt, Job)]
-            tables += [DispatchDecision._meta.db_table, NodeClaim._meta.db_table]
+        # A fresh queue and an empty fleet for each size (TRUNCATE: the event log
+        # refuses DELETE, and allows TRUNCATE only in test_* databases like this one).
+        tables = [m._meta.db_table for m in (JobEvent, GpuAssignment, Attempt, Job)]
+        tables += [DispatchDecision._meta.db_table, NodeClaim._meta.db_table]
+        sizes = [(size, "") for size in sorted(args.queued)]
+        if args.crowd:
+            sizes.append((args.crowd, "crowd"))
+        for size, shape in sizes:
             with connection.cursor() as cursor:
                 cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
-            queue_jobs(tenants, size, args.seed)
+            if shape:
+                queue_one_each(build_crowd(size), args.seed)
+            else:
+                queue_jobs(tenants, size, args.seed)
             for tick in ("decide",) if args.no_apply else ("fill", "steady"):
                 t = time_tick(apply=not args.no_apply)
-                if tick != "fill":
+                if tick != "fill" and not shape:
                     reads[size] = t["read"]
                 print(
-                    f"{size:>8,} {tick:>6} {t['listed']:>7,} {t['decisions']:>9,} "
+                    f"{size:>8,} {shape or tick:>6} {t['listed']:>7,} {t['decisions']:>9,} "
                     f"{t['applied']:>7,} {t['read'] * 1e3:>8.0f} {t['policy'] * 1e3:>9.0f} "
                     f"{t['explain'] * 1e3:>10.0f} {t['apply'] * 1e3:>9.0f} "
                     f"{t['publish'] * 1e3:>10.0f} {t['total'] * 1e3:>9.0f}",
@@ -231,6 +269,11 @@ def main(argv=None) -> int:
             print(
                 f"snapshot read {small:,} -> {large:,} queued (baseline: the "
                 f"{small:,} row): x{reads[large] / reads[small]:.2f} for x{large / small:.0f} jobs"
+            )
+        if args.crowd:
+            print(
+                f"crowd: {args.crowd:,} users with one job each; the window lists at most "
+                f"queue_window_max_jobs of them"
             )
         return 0
     finally:
