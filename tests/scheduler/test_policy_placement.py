@@ -152,3 +152,46 @@ def test_a_retry_runs_on_the_node_it_failed_on_rather_than_not_at_all():
     queue = [job("retry", avoid_nodes=["failed-here"])]
     decisions = schedule(snapshot(fleet, queue, running=running, now=5.0))
     assert places(decisions)["retry"].node == "failed-here"
+
+
+def _busy_pool(paid_gpus: int):
+    """Two 8-GPU nodes with one GPU free on each: paid's jobs on the first `paid_gpus`
+    of the other 14, free's on the rest, ending a second apart from t=100."""
+    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
+    running = [
+        allocation(
+            f"r{i}",
+            fleet[i // 7],
+            [i % 7],
+            tier="paid" if i < paid_gpus else "free",
+            org="p" if i < paid_gpus else "f",
+            max_runtime_s=100.0 + i,
+        )
+        for i in range(14)
+    ]
+    return fleet, running
+
+
+def test_a_tier_entitled_to_a_sliver_of_a_small_pool_drains_no_node_while_others_wait():
+    # 16 GPUs: one node may drain. Paid holds all but two and queues more; free is
+    # entitled to its floor (5 %), paid to the rest, so the one drain is paid's: free's
+    # 2-GPU job does not keep GPUs idle for itself while paid's jobs wait for them.
+    fleet, running = _busy_pool(paid_gpus=14)
+    queue = [job("pair", tier="free", org="f", gpus=2, submitted_at=0.0)]
+    queue += [job(f"paid{i}", org="q", submitted_at=5.0 + i) for i in range(4)]
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
+
+    assert not [d for d in decisions if isinstance(d, Reserve)]
+
+
+def test_a_tier_entitled_to_most_of_the_pool_drains_a_node_for_its_multi_gpu_job():
+    # The same pool, free holding 12 GPUs and queueing single-GPU jobs behind its 2-GPU
+    # job: free is entitled to most of the pool, so the drain is free's.
+    fleet, running = _busy_pool(paid_gpus=2)
+    queue = [job("pair", tier="free", org="f", gpus=2, submitted_at=0.0)]
+    queue += [job(f"free{i}", tier="free", org="g", submitted_at=5.0 + i) for i in range(4)]
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
+
+    assert [d.job_id for d in decisions if isinstance(d, Reserve)] == ["pair"]

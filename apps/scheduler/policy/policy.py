@@ -11,7 +11,8 @@ towards their org's demand, with the snapshot's `backlog`.
    the rest of the round out; a job whose node drains takes part (it may preempt).
 2. Reservations. Blocked multi-GPU jobs (no node has room for them now) get a node to
    drain for them (`Reserve`): at most `reserved_node_share` of the nodes, split between
-   tiers by fair entitlement, granted within a tier by aged org fair share. Other jobs
+   tiers by fair entitlement in whole drains, granted within a tier by aged org fair
+   share. Other jobs
    may use a reserved node only if they finish before the reserved job's start
    (backfill) or use GPUs it does not need; so its start never moves later.
 3. Fair-share round. Queued jobs are taken in hierarchical fair-share order
@@ -489,15 +490,21 @@ class _DispatchRound:
             self.drains_by_tier[job.tier] -= 1
 
     def _may_drain_for(self, tier: str) -> bool:
-        """Whether a new drain fits the budget overall and the tier's share of it."""
+        """Whether a new drain fits the budget overall and the tier's share of it: the
+        budget split by the tiers' entitlements in whole drains (largest remainder). A
+        tier entitled to a sliver of a small pool (free's floor, while the paying tiers
+        want the rest) keeps no node draining there: its drain would hold GPUs that the
+        tiers entitled to them wait for. (Each tier used to get at least one.)"""
         if sum(self.drains_by_tier.values()) >= self.drain_budget:
             return False
         if self._drain_quota is None:
             tier_share = self.queue.entitlements.tier
-            self._drain_quota = {
-                t: max(1, math.ceil(self.drain_budget * tier_share[t] / self.capacity))
-                for t in TIERS
-            }
+            exact = {t: self.drain_budget * tier_share[t] / self.capacity for t in TIERS}
+            quota = {t: math.floor(exact[t] + 1e-9) for t in TIERS}
+            left = self.drain_budget - sum(quota.values())
+            for t in sorted(TIERS, key=lambda t: (quota[t] - exact[t], -TIER_RANK[t]))[:left]:
+                quota[t] += 1
+            self._drain_quota = quota
         return self.drains_by_tier.get(tier, 0) < self._drain_quota[tier]
 
     def _within_ceiling(self, job: QueuedJob) -> bool:
