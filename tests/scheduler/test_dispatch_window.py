@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Tier
 from apps.jobs.models import Job, JobStatus
+from apps.scheduler.models import DecisionKind, NodeClaim
 from apps.scheduler.policy import PolicyConfig, QueueBacklog, queue_window, window_depth
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.snapshot import build_snapshot
@@ -148,3 +149,20 @@ def test_with_more_users_than_the_cap_the_database_lists_the_users_the_policy_wo
     assert read.backlog == window.backlog
     assert read.backlog[("free", str(crowd.pk))] == QueueBacklog(jobs=7, gpus=7)
     assert read.backlog[("paid", str(paid_user.org_id))] == QueueBacklog(jobs=2, gpus=2)
+
+
+def test_a_claimed_job_is_listed_although_the_cap_leaves_its_user_out(settings):
+    settings.GANTRY_POLICY = {
+        "queue_depth_per_user": 1,
+        "queue_window_jobs": 0,
+        "queue_window_max_jobs": 1,
+    }
+    org = OrgFactory()
+    first, second = UserFactory(org=org), UserFactory(org=org)
+    _jobs_of(first, 1, waited_from=900.0)
+    deep = _jobs_of(second, 2, waited_from=100.0)[1]
+    NodeClaim.objects.create(job=deep, node=NodeFactory(), kind=DecisionKind.RESERVE)
+
+    listed = {job.id: job for job in build_snapshot().cluster.queued}
+
+    assert len(listed) == 2 and listed[str(deep.pk)].claimed_node is not None
