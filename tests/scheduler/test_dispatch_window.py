@@ -155,14 +155,14 @@ def test_a_claimed_job_is_listed_although_the_cap_leaves_its_user_out(settings):
     settings.GANTRY_POLICY = {
         "queue_depth_per_user": 1,
         "queue_window_jobs": 0,
-        "queue_window_max_jobs": 1,
+        "queue_window_max_jobs": 3,
     }
     org = OrgFactory()
-    first, second = UserFactory(org=org), UserFactory(org=org)
-    _jobs_of(first, 1, waited_from=900.0)
-    deep = _jobs_of(second, 2, waited_from=100.0)[1]
+    for n in range(3):
+        _jobs_of(UserFactory(org=org), 1, waited_from=900.0 - n)
+    deep = _jobs_of(UserFactory(org=org), 2, waited_from=100.0)[1]  # its user is left out
     NodeClaim.objects.create(job=deep, node=NodeFactory(), kind=DecisionKind.RESERVE)
 
     listed = {job.id: job for job in build_snapshot().cluster.queued}
 
-    assert len(listed) == 2 and listed[str(deep.pk)].claimed_node is not None
+    assert len(listed) == 4 and listed[str(deep.pk)].claimed_node is not None

@@ -161,7 +161,7 @@ def test_decisions_respect_the_invariants_of_the_cluster(snap):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(snapshots(), st.integers(1, 3), st.integers(1, 12))
+@given(snapshots(), st.integers(1, 3), st.integers(3, 12))
 def test_the_queue_window_with_its_backlog_decides_like_the_whole_queue(snap, depth, cap):
     # What the dispatcher and the simulator list (each user's first jobs, of at most
     # `cap` users, the rest as backlog) leads to the very decisions the whole queue would.

@@ -247,7 +247,7 @@ def test_listed_users_is_none_while_every_user_fits():
 
 @pytest.mark.parametrize(
     "options",
-    [{"queue_depth_per_user": 0}, {"queue_window_jobs": -1}, {"queue_window_max_jobs": 0}],
+    [{"queue_depth_per_user": 0}, {"queue_window_jobs": -1}, {"queue_window_max_jobs": 2}],
 )
 def test_the_window_must_be_positive(options):
     with pytest.raises(ValueError):

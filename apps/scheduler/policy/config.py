@@ -209,8 +209,9 @@ class PolicyConfig:
             raise ValueError("aging_shares_per_hour: must be >= 0")
         if self.queue_depth_per_user < 1:
             raise ValueError("queue_depth_per_user: must be >= 1")
-        if self.queue_window_max_jobs < 1:
-            raise ValueError("queue_window_max_jobs: must be >= 1")
+        if self.queue_window_max_jobs < len(TIERS):
+            # Shared max-min between tiers: below one user per tier, a tier would see none.
+            raise ValueError(f"queue_window_max_jobs: must be >= {len(TIERS)} (a user per tier)")
         if self.same_tier_preemption_factor < 1.0:
             raise ValueError("same_tier_preemption_factor: must be >= 1")
         for name in (
