@@ -166,3 +166,14 @@ def test_a_claimed_job_is_listed_although_the_cap_leaves_its_user_out(settings):
     listed = {job.id: job for job in build_snapshot().cluster.queued}
 
     assert len(listed) == 4 and listed[str(deep.pk)].claimed_node is not None
+
+
+def test_the_snapshot_reads_the_weights_of_the_orgs_it_lists_other_than_1(depth_2):
+    heavy, plain = OrgFactory(weight=2.5), OrgFactory()
+    _jobs_of(UserFactory(org=heavy), 1)
+    _jobs_of(UserFactory(org=plain), 1)
+    OrgFactory(weight=4.0)  # queues nothing
+
+    weights = build_snapshot().cluster.org_weights
+
+    assert weights == {str(heavy.pk): 2.5}  # a missing org weighs 1 to the policy

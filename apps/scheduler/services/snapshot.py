@@ -139,12 +139,13 @@ def _runtime_ratio() -> float:
 
 def _org_weights(org_ids: set[str]) -> dict[str, float]:
     """The fair-share weights of these orgs other than 1 (the policy's default for a
-    missing org): one array parameter, however many orgs queue."""
+    missing org): one parameter, however many orgs queue, sent as one array literal
+    (the ids are UUID strings: quoting 20,000 of them one by one took 50 ms)."""
     sql = (
         f"SELECT id::text, weight FROM {Org._meta.db_table}"  # noqa: S608
         " WHERE id = ANY(%s::uuid[]) AND weight <> 1"
     )
-    return dict(_rows(sql, [list(org_ids)]))
+    return dict(_rows(sql, ["{" + ",".join(org_ids) + "}"]))
 
 
 def _rows(sql: str, params=None) -> list[tuple]:
