@@ -104,18 +104,19 @@ def build_crowd(users: int) -> list[tuple[str, str, str, list[str]]]:
 def queue_one_each(tenants, seed: int) -> int:
     """One queued job for every user of `tenants`; returns how many."""
     rows = [(tier, org, project, [user]) for tier, org, project, users in tenants for user in users]
-    queue_jobs(rows, len(rows), seed, pick=iter(rows).__next__)
+    queue_jobs(rows, len(rows), seed, in_turn=True)
     return len(rows)
 
 
-def queue_jobs(tenants, count: int, seed: int, pick=None) -> None:
-    """`count` queued jobs, in one INSERT ... SELECT per batch (the ORM would take minutes)."""
+def queue_jobs(tenants, count: int, seed: int, *, in_turn: bool = False) -> None:
+    """`count` queued jobs, in one INSERT ... SELECT per batch (the ORM would take minutes),
+    each for a tenant drawn at random, or (`in_turn`) for each tenant in turn."""
     from django.db import connection
 
     rng = random.Random(seed)
     rows = []
-    for _ in range(count):
-        tier, org, project, users = pick() if pick else rng.choice(tenants)
+    for n in range(count):
+        tier, org, project, users = tenants[n % len(tenants)] if in_turn else rng.choice(tenants)
         gpus = rng.choice((1, 1, 1, 2, 2, 4, 8))
         types = rng.choice(("{H100,A100}", "{A100}", "{H100}", "{}"))
         age = rng.uniform(0, 3600)

@@ -123,9 +123,11 @@ def queue_window(jobs: Iterable[QueuedJob], config: PolicyConfig) -> QueueWindow
         else:
             group.append(job)
     depth_per_user = window_depth(map(len, groups.values()), config)
-    users = listed_users(
-        ((*key, min(map(_SUBMITTED_AT, group))) for key, group in groups.items()), config
-    )
+    users = None  # every user's first jobs, unless there are too many users
+    if len(groups) > config.queue_window_max_jobs:
+        users = listed_users(
+            ((*key, min(map(_SUBMITTED_AT, group))) for key, group in groups.items()), config
+        )
     hidden: set[int] = set()
     counts: dict[tuple[str, str], list[int]] = {}
     for key, group in groups.items():
