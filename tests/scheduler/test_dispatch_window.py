@@ -48,8 +48,9 @@ def test_the_snapshot_lists_each_users_first_jobs_and_the_backlog_of_the_rest(de
     assert sorted(listed) == sorted(str(job.pk) for job in expected)
     assert listed == [str(job.pk) for job in sorted(expected, key=lambda j: (j.queued_at, j.pk))]
     assert snapshot.cluster.backlog == {
-        ("paid", str(paid.pk)): QueueBacklog(jobs=3, gpus=6),  # not the job backing off
-        ("free", str(free.pk)): QueueBacklog(jobs=1, gpus=1),
+        # not the job backing off; GPU-seconds at the factory's max runtime (600 s)
+        ("paid", str(paid.pk)): QueueBacklog(jobs=3, gpus=6, gpu_seconds=3 * 2 * 600.0),
+        ("free", str(free.pk)): QueueBacklog(jobs=1, gpus=1, gpu_seconds=600.0),
     }
     assert snapshot.queued_loaded == 5
     assert snapshot.queue_depth == {"paid": 7, "free": 3}  # the gauge counts every job
@@ -111,7 +112,9 @@ def test_few_users_with_queued_jobs_widen_the_window(settings):
     snapshot = build_snapshot()
 
     assert len(snapshot.cluster.queued) == 4
-    assert snapshot.cluster.backlog == {("paid", str(user.org_id)): QueueBacklog(jobs=2, gpus=2)}
+    assert snapshot.cluster.backlog == {
+        ("paid", str(user.org_id)): QueueBacklog(jobs=2, gpus=2, gpu_seconds=2 * 600.0)
+    }
 
 
 def test_with_more_users_than_the_cap_the_database_lists_the_users_the_policy_would(settings):
@@ -147,8 +150,12 @@ def test_with_more_users_than_the_cap_the_database_lists_the_users_the_policy_wo
     }
     assert [job.id for job in read.queued] == [job.id for job in window.listed]
     assert read.backlog == window.backlog
-    assert read.backlog[("free", str(crowd.pk))] == QueueBacklog(jobs=7, gpus=7)
-    assert read.backlog[("paid", str(paid_user.org_id))] == QueueBacklog(jobs=2, gpus=2)
+    assert read.backlog[("free", str(crowd.pk))] == QueueBacklog(
+        jobs=7, gpus=7, gpu_seconds=7 * 600.0
+    )
+    assert read.backlog[("paid", str(paid_user.org_id))] == QueueBacklog(
+        jobs=2, gpus=2, gpu_seconds=2 * 600.0
+    )
 
 
 def test_a_claimed_job_is_listed_although_the_cap_leaves_its_user_out(settings):

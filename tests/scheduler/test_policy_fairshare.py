@@ -76,17 +76,27 @@ def test_orgs_entitled_to_all_they_want_are_served_oldest_first():
     assert [d.job_id for d in decisions] == ["b-new"]
 
 
-def placed_beside_a_flooder(flooder_queued: int, config: PolicyConfig | None = None):
+def placed_beside_a_flooder(
+    flooder_queued: int, config: PolicyConfig | None = None, *, max_runtime_s: float = 3600.0
+):
     """The flooder holds one of four GPUs and queues `flooder_queued` jobs, all older than
     the other enterprise org's one; a free org holds two, one GPU is free: who is placed?"""
     fleet = [node("n0", gpus=4)]
     running = [allocation("f-run", fleet[0], [0], tier="enterprise", org="flooder")]
     running.append(allocation("c-run", fleet[0], [1, 2], tier="free", org="c"))
     queue = [
-        job(f"f{i}", tier="enterprise", org="flooder", submitted_at=float(i))
+        job(
+            f"f{i}",
+            tier="enterprise",
+            org="flooder",
+            submitted_at=float(i),
+            max_runtime_s=max_runtime_s,
+        )
         for i in range(flooder_queued)
     ]
-    queue.append(job("other", tier="enterprise", org="other", submitted_at=50.0))
+    queue.append(
+        job("other", tier="enterprise", org="other", submitted_at=50.0, max_runtime_s=max_runtime_s)
+    )
     decisions = schedule(
         snapshot(fleet, queue, running=running, now=60.0, config=config or PolicyConfig())
     )
@@ -107,6 +117,17 @@ def test_fifo_slack_lets_an_org_wanting_somewhat_more_than_its_share_keep_its_tu
     # the tier.
     assert placed_beside_a_flooder(3) == ["other"]
     assert placed_beside_a_flooder(3, PolicyConfig(within_tier_fifo_slack=3.0))[0] == "f0"
+
+
+def test_a_burst_the_tiers_share_serves_in_minutes_is_served_in_submission_order():
+    # Twenty one-minute jobs: the tier's queue (21 GPU-minutes) holds its share of the
+    # fleet (about 3.8 GPUs) for under six minutes, within `within_tier_fifo_backlog_s`:
+    # a heavy tenant's burst keeps its turn, as strict priority would serve it. Twenty
+    # hour-long jobs are a flood: the other org goes first, as above.
+    assert placed_beside_a_flooder(20, max_runtime_s=60.0)[0] == "f0"
+    assert placed_beside_a_flooder(20, max_runtime_s=3600.0) == ["other"]
+    fair_beyond_share = PolicyConfig(within_tier_fifo_backlog_s=0.0)
+    assert placed_beside_a_flooder(20, fair_beyond_share, max_runtime_s=60.0) == ["other"]
 
 
 def test_aging_lifts_a_starved_free_job():
@@ -151,3 +172,5 @@ def test_a_tier_never_exceeds_its_ceiling_with_jobs_that_cannot_be_preempted():
 def test_a_fifo_slack_below_one_is_refused():
     with pytest.raises(ValueError, match="within_tier_fifo_slack"):
         PolicyConfig(within_tier_fifo_slack=0.5)
+    with pytest.raises(ValueError, match="within_tier_fifo_backlog_s"):
+        PolicyConfig(within_tier_fifo_backlog_s=-1.0)

@@ -103,8 +103,8 @@ def test_the_window_lists_each_users_first_jobs_and_sums_the_rest_per_org():
 
     assert [j.id for j in window.listed] == ["a0", "a1", "b0", "c0", "c1", "a-claimed"]
     assert window.backlog == {
-        ("paid", "o1"): QueueBacklog(jobs=3, gpus=6),
-        ("free", "o2"): QueueBacklog(jobs=1, gpus=1),
+        ("paid", "o1"): QueueBacklog(jobs=3, gpus=6, gpu_seconds=3 * 2 * 3600.0),
+        ("free", "o2"): QueueBacklog(jobs=1, gpus=1, gpu_seconds=3600.0),
     }
 
 
@@ -206,10 +206,10 @@ def test_more_users_than_the_cap_list_every_tier_and_every_orgs_oldest_user_firs
     # only user before org A's second, though A's users queued long before; free's two.
     assert [j.id for j in window.listed] == ["a1-0", "c1-0", "c2-0", "b1-0", "d1-0"]
     assert window.backlog == {
-        ("paid", "A"): QueueBacklog(jobs=5, gpus=5),
-        ("paid", "B"): QueueBacklog(jobs=1, gpus=1),
-        ("free", "C"): QueueBacklog(jobs=2, gpus=2),
-        ("enterprise", "D"): QueueBacklog(jobs=1, gpus=1),
+        ("paid", "A"): QueueBacklog(jobs=5, gpus=5, gpu_seconds=5 * 3600.0),
+        ("paid", "B"): QueueBacklog(jobs=1, gpus=1, gpu_seconds=3600.0),
+        ("free", "C"): QueueBacklog(jobs=2, gpus=2, gpu_seconds=2 * 3600.0),
+        ("enterprise", "D"): QueueBacklog(jobs=1, gpus=1, gpu_seconds=3600.0),
     }
 
 

@@ -280,6 +280,7 @@ class FairShareQueue:
         self._blend = config.running_weight
         self._within_tier_fifo = config.within_tier_fifo
         self._fifo_slack = config.within_tier_fifo_slack
+        self._fifo_backlog_s = config.within_tier_fifo_backlog_s
         self._half_life = config.usage_half_life_s
         self._running_by_tier = dict(running.by_tier)
         self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
@@ -343,13 +344,21 @@ class FairShareQueue:
         # GPUs asked for by the queued jobs of each (tier, org), listed or not: demand
         # for entitlements.
         self.queued_gpus_by_org: dict[tuple[str, str], int] = {}
+        # GPU-seconds at max runtime of each tier's queued jobs, listed or not: how long
+        # its queue would hold its entitlement (`within_tier_fifo_backlog_s`).
+        queued_work_by_tier: dict[str, float] = {}
         # Per tier, the oldest offered job without a claim (sitting-out jobs included:
         # they all have one).
         self.oldest_unclaimed: dict[str, float] = {}
         for key, unlisted in backlog.items():
             if unlisted.gpus:
                 self.queued_gpus_by_org[key] = unlisted.gpus
+            if unlisted.gpu_seconds:
+                queued_work_by_tier[key[0]] = (
+                    queued_work_by_tier.get(key[0], 0.0) + unlisted.gpu_seconds
+                )
 
+        count_work = self._within_tier_fifo and self._fifo_backlog_s > 0
         blend, past_weight = self._blend, 1.0 - self._blend
         ln2, half_life = math.log(2), self._half_life  # `equivalent_gpus`, inlined
         usage_by_user, running_by_user = usage.by_user, running.by_user
@@ -359,6 +368,7 @@ class FairShareQueue:
                 raise ValueError(f"unknown tier {tier_name!r}")
             tier = _Tier(tier_name, config.tier_weights[tier_name])
             oldest_unclaimed = math.inf
+            work = queued_work_by_tier.get(tier_name, 0.0)
             for org_name, users in orgs.items():
                 weight = float(org_weights.get(org_name, 1.0))
                 if not weight > 0:
@@ -366,6 +376,8 @@ class FairShareQueue:
                 org = _Org(org_name, weight)
                 gpus = self.queued_gpus_by_org.get((tier_name, org_name), 0)
                 for user_name, group in users.items():
+                    if count_work:
+                        work += sum(job.gpu_count * job.max_runtime_s for job in group)
                     user_depth = depth
                     if shown is not None and (tier_name, org_name, user_name) not in shown:
                         user_depth = 0
@@ -398,6 +410,7 @@ class FairShareQueue:
                 self.queued_gpus_by_org[(tier_name, org_name)] = gpus
                 if org.users:
                     tier.orgs[org_name] = org
+            queued_work_by_tier[tier_name] = work
             if tier.queued:
                 self._tiers[tier_name] = tier
                 self._size += tier.queued
@@ -411,6 +424,14 @@ class FairShareQueue:
             running=running,
             queued_gpus_by_org=self.queued_gpus_by_org,
         )
+        # Tiers whose queue their entitlement drains within `within_tier_fifo_backlog_s`:
+        # a burst, served oldest first whatever each org wants.
+        self._tiers_in_turn = {
+            tier_name
+            for tier_name, work in queued_work_by_tier.items()
+            if count_work
+            and work <= self._fifo_backlog_s * self.entitlements.tier.get(tier_name, 0.0)
+        }
         tier_weight_total = sum(t.weight for t in self._tiers.values())
         for tier in self._tiers.values():
             tier.fair = self._capacity * tier.weight / tier_weight_total
@@ -461,6 +482,8 @@ class FairShareQueue:
         wanting more than its share (a flood, a heavy tenant's burst) is not, whatever
         it holds now: its old backlog would otherwise always come first."""
         key = (tier, org.name)
+        if tier in self._tiers_in_turn:
+            return True  # a burst that the tier's share serves in minutes, not a flood
         entitled = self.entitlements.org.get(key, 0.0) * self._fifo_slack + 1e-9  # float sums
         wanted = running.by_tier_org.get(key, 0) + self.queued_gpus_by_org.get(key, 0)
         return wanted <= entitled and org.lately <= entitled

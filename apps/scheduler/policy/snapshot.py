@@ -109,6 +109,7 @@ class QueueBacklog:
 
     jobs: int = 0
     gpus: int = 0  # GPUs the jobs ask for, together
+    gpu_seconds: float = 0.0  # their GPUs times their max runtimes, together
 
 
 @dataclass(frozen=True, slots=True)

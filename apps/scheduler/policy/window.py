@@ -129,7 +129,7 @@ def queue_window(jobs: Iterable[QueuedJob], config: PolicyConfig) -> QueueWindow
             ((*key, min(map(_SUBMITTED_AT, group))) for key, group in groups.items()), config
         )
     hidden: set[int] = set()
-    counts: dict[tuple[str, str], list[int]] = {}
+    counts: dict[tuple[str, str], list[float]] = {}
     for key, group in groups.items():
         depth = depth_per_user if users is None or key in users else 0
         if len(group) <= depth:
@@ -139,12 +139,16 @@ def queue_window(jobs: Iterable[QueuedJob], config: PolicyConfig) -> QueueWindow
             if job.claimed_node is not None:
                 continue
             hidden.add(id(job))
-            count = counts.setdefault(key[:2], [0, 0])
+            count = counts.setdefault(key[:2], [0, 0, 0.0])
             count[0] += 1
             count[1] += job.gpu_count
+            count[2] += job.gpu_count * job.max_runtime_s
     if not hidden:
         return QueueWindow(listed=jobs)
     return QueueWindow(
         listed=[job for job in jobs if id(job) not in hidden],
-        backlog={key: QueueBacklog(jobs=n, gpus=gpus) for key, (n, gpus) in counts.items()},
+        backlog={
+            key: QueueBacklog(jobs=n, gpus=gpus, gpu_seconds=work)
+            for key, (n, gpus, work) in counts.items()
+        },
     )

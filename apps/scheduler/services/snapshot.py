@@ -344,7 +344,8 @@ ORDER BY CASE WHEN j.preemption_count > 0 THEN j.created_at ELSE j.queued_at END
 QUEUE_TOTALS_SQL = """
 SELECT tier, org_id::text, count(*),
        count(*) FILTER (WHERE {eligible}),
-       COALESCE(sum(gpu_count) FILTER (WHERE {eligible}), 0)
+       COALESCE(sum(gpu_count) FILTER (WHERE {eligible}), 0),
+       COALESCE(sum(gpu_count * max_runtime_s) FILTER (WHERE {eligible}), 0)
 FROM {job}
 WHERE status = 'queued'
 GROUP BY tier, org_id
@@ -422,21 +423,24 @@ def _queue_totals(
     listed: list[QueuedJob],
 ) -> tuple[dict[str, int], dict[tuple[str, str], QueueBacklog]]:
     """(tier → all queued jobs, (tier, org) → the eligible jobs `listed` leaves out)."""
-    shown: dict[tuple[str, str], list[int]] = {}
+    shown: dict[tuple[str, str], list[float]] = {}
     for job in listed:
-        counts = shown.setdefault((job.tier, job.org), [0, 0])
+        counts = shown.setdefault((job.tier, job.org), [0, 0, 0.0])
         counts[0] += 1
         counts[1] += job.gpu_count
+        counts[2] += job.gpu_count * job.max_runtime_s
     depth: dict[str, int] = {}
     backlog: dict[tuple[str, str], QueueBacklog] = {}
-    for tier, org, queued, eligible, gpus in _rows(
+    for tier, org, queued, eligible, gpus, gpu_seconds in _rows(
         QUEUE_TOTALS_SQL.format(job=Job._meta.db_table, eligible=_ELIGIBLE_NOW)
     ):
         depth[tier] = depth.get(tier, 0) + queued
-        jobs_shown, gpus_shown = shown.get((tier, org), (0, 0))
+        jobs_shown, gpus_shown, work_shown = shown.get((tier, org), (0, 0, 0.0))
         if eligible > jobs_shown:
             backlog[(tier, org)] = QueueBacklog(
-                jobs=eligible - jobs_shown, gpus=int(gpus) - gpus_shown
+                jobs=eligible - jobs_shown,
+                gpus=int(gpus) - int(gpus_shown),
+                gpu_seconds=max(0.0, float(gpu_seconds) - work_shown),
             )
     return depth, backlog
 

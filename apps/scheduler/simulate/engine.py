@@ -191,7 +191,8 @@ class Simulation:
         # dispatcher's query orders them (ties in the order they were queued).
         self.user_queues: dict[tuple[str, str, str], list[tuple]] = {}
         self.claimed: dict[str, _JobState] = {}  # queued jobs with a claimed node
-        self.queued_totals: dict[tuple[str, str], list[int]] = {}  # (tier, org) -> [jobs, GPUs]
+        # (tier, org) -> [jobs, GPUs, GPU-seconds at max runtime]
+        self.queued_totals: dict[tuple[str, str], list[float]] = {}
         self._queue_seq = 0
         self.allocations: dict[str, _Allocation] = {}
         self.events: list[tuple[float, int, int, str]] = []
@@ -491,15 +492,20 @@ class Simulation:
             queued.append(job)
             counts = listed.get((job.tier, job.org))
             if counts is None:
-                listed[(job.tier, job.org)] = [1, job.gpu_count]
+                listed[(job.tier, job.org)] = [1, job.gpu_count, job.gpu_count * job.max_runtime_s]
             else:
                 counts[0] += 1
                 counts[1] += job.gpu_count
+                counts[2] += job.gpu_count * job.max_runtime_s
         backlog = {}
-        for key, (jobs, gpus) in self.queued_totals.items():
-            shown = listed.get(key, (0, 0))
+        for key, (jobs, gpus, work) in self.queued_totals.items():
+            shown = listed.get(key, (0, 0, 0.0))
             if jobs > shown[0]:
-                backlog[key] = QueueBacklog(jobs=jobs - shown[0], gpus=gpus - shown[1])
+                backlog[key] = QueueBacklog(
+                    jobs=jobs - shown[0],
+                    gpus=gpus - shown[1],
+                    gpu_seconds=max(0.0, work - shown[2]),
+                )
         return queued, backlog
 
     # -- job lifecycle -----------------------------------------------------------------
@@ -537,7 +543,9 @@ class Simulation:
             for gpu in allocation.gpus
         }
         waiting_ahead = sum(
-            gpus for (tier, _org), (_jobs, gpus) in self.queued_totals.items() if tier == spec.tier
+            gpus
+            for (tier, _org), (_jobs, gpus, _work) in self.queued_totals.items()
+            if tier == spec.tier
         )
         types = set(spec.gpu_types)
         fits_on_a_node, supply = False, 0
@@ -586,9 +594,10 @@ class Simulation:
             user_queue.insert(
                 bisect.bisect_left(user_queue, state.queue_entry[:2]), state.queue_entry
             )
-        totals = self.queued_totals.setdefault((spec.tier, spec.org), [0, 0])
+        totals = self.queued_totals.setdefault((spec.tier, spec.org), [0, 0, 0.0])
         totals[0] += 1
         totals[1] += spec.gpu_count
+        totals[2] += spec.gpu_count * state.queued.max_runtime_s
         self.queued_gpus_by_org[spec.org] = (
             self.queued_gpus_by_org.get(spec.org, 0) + spec.gpu_count
         )
@@ -598,6 +607,7 @@ class Simulation:
     def _dequeue(self, state: _JobState) -> None:
         spec = state.spec
         del self.queue[spec.id]
+        work = spec.gpu_count * state.queued.max_runtime_s
         state.queued = None
         self.queued_by_user[(spec.org, spec.user)] -= 1
         self.queued_by_org[spec.org] -= 1
@@ -611,6 +621,7 @@ class Simulation:
         totals = self.queued_totals[(spec.tier, spec.org)]
         totals[0] -= 1
         totals[1] -= spec.gpu_count
+        totals[2] = max(0.0, totals[2] - work) if totals[0] else 0.0
         self.queued_gpus_by_org[spec.org] -= spec.gpu_count
         self.queued_by_shape[(spec.gpu_types, spec.min_gpu_memory_gb)] -= 1
 
