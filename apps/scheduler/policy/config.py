@@ -14,6 +14,9 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
   would otherwise idle (work conservation: a free job runs alone on a one-GPU pool),
   and any other tier waiting `reclaim_wait_s` takes borrowed GPUs back by preemption;
   a non-preemptible job never borrows;
+- within a tier, orgs entitled to all they want go oldest job first, and every org
+  does while the tier's queue would hold its entitlement for at most 15 minutes (a
+  burst); beyond that (a flood) orgs over their share come after, in fair-share order;
 - usage half-life 30 min; aging 2 fair shares per hour of waiting within a tier, 0.25
   between tiers, 12 in the order reservations are granted;
 - preemption after enterprise 3 s, paid 60 s of waiting; free never preempts (except
@@ -94,8 +97,10 @@ class PolicyConfig:
     most this long is served oldest job first, whatever each org wants: a burst the tier
     drains in minutes, a heavy tenant's included, goes in submission order, as strict
     priority serves it; a flood, or a tier persistently short of GPUs (free at 2x), keeps
-    fair share between its orgs. Measured on bursty, 16 GPUs at 1x, seeds 1-20: paid's
-    p95 median 196.5 -> see docs/simulator.md; 0 turns it off."""
+    fair share between its orgs. Bursty, 16 GPUs at 1x, seeds 1-20, against off (0):
+    paid's p95 median 196.5 -> 127 s (strict priority 89.5 s), lower in 18 seeds; work
+    lost under 2 % in all 20 (19 before); steady's free orgs keep a Jain index of 0.91
+    (0.87 when each org's own queue was measured against the whole fleet instead)."""
     reservation_aging_shares_per_hour: float = 12.0
     """Aging in the order reservations are granted within a tier, by each job's own
     wait: a multi-GPU job cannot start without a reservation on a busy fleet, so old

@@ -23,6 +23,10 @@ At each level the child with the lowest *priority key* goes next:
   they used lately go first, oldest job first, as strict priority would serve the
   tier; the keys above order only the orgs that want more than their share. Fair share
   then costs the tier's job waits nothing until some org wants more than its share.
+  And while a tier's whole queue would hold its entitlement for at most
+  `PolicyConfig.within_tier_fifo_backlog_s` (GPUs x max runtime), every org of it is
+  served so: a burst the tier drains in minutes goes in submission order, a heavy
+  tenant's jobs included; a flood, or a tier kept short of GPUs, keeps fair share.
 - Within a user, jobs are offered oldest first (FIFO; ties in snapshot order); a younger job that
   fits may still start while an older one cannot (backfill, which reservations keep
   from delaying the older one).
