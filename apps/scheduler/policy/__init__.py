@@ -37,7 +37,7 @@ from .snapshot import (
     Waiting,
 )
 from .usage import DecayedUsage, accrue, decay, equivalent_gpus
-from .window import QueueWindow, listed_users, queue_window, window_depth
+from .window import QueueWindow, backlog_beside, listed_users, queue_window, window_depth
 
 __all__ = [
     "ENTERPRISE",
@@ -71,6 +71,7 @@ __all__ = [
     "VictimFinder",
     "Waiting",
     "accrue",
+    "backlog_beside",
     "decay",
     "equivalent_gpus",
     "is_victim_candidate",

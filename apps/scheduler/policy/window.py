@@ -34,7 +34,7 @@ the same decisions.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -128,27 +128,52 @@ def queue_window(jobs: Iterable[QueuedJob], config: PolicyConfig) -> QueueWindow
         users = listed_users(
             ((*key, min(map(_SUBMITTED_AT, group))) for key, group in groups.items()), config
         )
-    hidden: set[int] = set()
-    counts: dict[tuple[str, str], list[float]] = {}
+    hidden: list[QueuedJob] = []
     for key, group in groups.items():
         depth = depth_per_user if users is None or key in users else 0
         if len(group) <= depth:
             continue
         group.sort(key=_SUBMITTED_AT)  # stable: ties keep the given order
-        for job in group[depth:]:
-            if job.claimed_node is not None:
-                continue
-            hidden.add(id(job))
-            count = counts.setdefault(key[:2], [0, 0, 0.0])
-            count[0] += 1
-            count[1] += job.gpu_count
-            count[2] += job.gpu_count * job.max_runtime_s
+        hidden.extend(job for job in group[depth:] if job.claimed_node is None)
     if not hidden:
         return QueueWindow(listed=jobs)
+    hidden_ids = set(map(id, hidden))
     return QueueWindow(
-        listed=[job for job in jobs if id(job) not in hidden],
-        backlog={
-            key: QueueBacklog(jobs=n, gpus=gpus, gpu_seconds=work)
-            for key, (n, gpus, work) in counts.items()
-        },
+        listed=[job for job in jobs if id(job) not in hidden_ids], backlog=tally(hidden)
     )
+
+
+def tally(jobs: Iterable[QueuedJob]) -> dict[tuple[str, str], QueueBacklog]:
+    """The jobs' count, GPUs and GPU-seconds (at max runtime) per (tier, org)."""
+    counts: dict[tuple[str, str], list] = {}
+    for job in jobs:
+        count = counts.get((job.tier, job.org))
+        if count is None:
+            count = counts[(job.tier, job.org)] = [0, 0, 0.0]
+        count[0] += 1
+        count[1] += job.gpu_count
+        count[2] += job.gpu_count * job.max_runtime_s
+    return {
+        key: QueueBacklog(jobs=n, gpus=gpus, gpu_seconds=work)
+        for key, (n, gpus, work) in counts.items()
+    }
+
+
+def backlog_beside(
+    totals: Mapping[tuple[str, str], Sequence[float]], listed: Iterable[QueuedJob]
+) -> dict[tuple[str, str], QueueBacklog]:
+    """The backlog of a window read apart from its totals: what `totals` ((tier, org) →
+    (jobs, GPUs, GPU-seconds) of every eligible queued job) holds beyond the `listed`
+    jobs, for each (tier, org) with jobs left out."""
+    shown = tally(listed)
+    none = QueueBacklog()
+    backlog = {}
+    for key, (jobs, gpus, work) in totals.items():
+        seen = shown.get(key, none)
+        if jobs > seen.jobs:
+            backlog[key] = QueueBacklog(
+                jobs=int(jobs) - seen.jobs,
+                gpus=int(gpus) - seen.gpus,
+                gpu_seconds=max(0.0, float(work) - seen.gpu_seconds),
+            )
+    return backlog

@@ -45,6 +45,7 @@ from apps.scheduler.policy import (
     QueuedJob,
     RunningAllocation,
     UsageSnapshot,
+    backlog_beside,
 )
 from apps.scheduler.policy import Gpu as PolicyGpu
 from apps.scheduler.policy import GpuType as PolicyGpuType
@@ -423,25 +424,14 @@ def _queue_totals(
     listed: list[QueuedJob],
 ) -> tuple[dict[str, int], dict[tuple[str, str], QueueBacklog]]:
     """(tier → all queued jobs, (tier, org) → the eligible jobs `listed` leaves out)."""
-    shown: dict[tuple[str, str], list[float]] = {}
-    for job in listed:
-        counts = shown.setdefault((job.tier, job.org), [0, 0, 0.0])
-        counts[0] += 1
-        counts[1] += job.gpu_count
-        counts[2] += job.gpu_count * job.max_runtime_s
     depth: dict[str, int] = {}
-    backlog: dict[tuple[str, str], QueueBacklog] = {}
+    totals: dict[tuple[str, str], tuple[int, int, float]] = {}
     for tier, org, queued, eligible, gpus, gpu_seconds in _rows(
         QUEUE_TOTALS_SQL.format(job=Job._meta.db_table, eligible=_ELIGIBLE_NOW)
     ):
         depth[tier] = depth.get(tier, 0) + queued
-        jobs_shown, gpus_shown, work_shown = shown.get((tier, org), (0, 0, 0.0))
-        if eligible > jobs_shown:
-            backlog[(tier, org)] = QueueBacklog(
-                jobs=eligible - jobs_shown,
-                gpus=int(gpus) - int(gpus_shown),
-                gpu_seconds=max(0.0, float(gpu_seconds) - work_shown),
-            )
+        totals[(tier, org)] = (eligible, int(gpus), float(gpu_seconds))
+    backlog = backlog_beside(totals, listed)
     return depth, backlog
 
 

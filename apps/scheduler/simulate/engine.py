@@ -53,6 +53,7 @@ from apps.scheduler.policy import (
     Reserve,
     RoundResult,
     RunningAllocation,
+    backlog_beside,
 )
 from apps.scheduler.policy.window import listed_users, window_depth
 
@@ -485,27 +486,8 @@ class Simulation:
             ) >= depth:
                 entries.append(state.queue_entry)
         entries.sort(key=_ENTRY_ORDER)
-        listed: dict[tuple[str, str], list[int]] = {}
-        queued = []
-        for entry in entries:
-            job = entry[2]
-            queued.append(job)
-            counts = listed.get((job.tier, job.org))
-            if counts is None:
-                listed[(job.tier, job.org)] = [1, job.gpu_count, job.gpu_count * job.max_runtime_s]
-            else:
-                counts[0] += 1
-                counts[1] += job.gpu_count
-                counts[2] += job.gpu_count * job.max_runtime_s
-        backlog = {}
-        for key, (jobs, gpus, work) in self.queued_totals.items():
-            shown = listed.get(key, (0, 0, 0.0))
-            if jobs > shown[0]:
-                backlog[key] = QueueBacklog(
-                    jobs=jobs - shown[0],
-                    gpus=gpus - shown[1],
-                    gpu_seconds=max(0.0, work - shown[2]),
-                )
+        queued = [entry[2] for entry in entries]
+        backlog = backlog_beside(self.queued_totals, queued)
         return queued, backlog
 
     # -- job lifecycle -----------------------------------------------------------------
