@@ -158,6 +158,43 @@ def test_with_more_users_than_the_cap_the_database_lists_the_users_the_policy_wo
     )
 
 
+@pytest.mark.parametrize(
+    ("users_per_tier", "cap"),
+    [
+        ((1, 5, 9), 3),
+        ((1, 5, 9), 4),
+        ((1, 5, 9), 7),
+        ((1, 5, 9), 12),
+        ((0, 6, 6), 5),
+        ((0, 6, 6), 11),
+        ((2, 2, 7), 6),
+        ((3, 3, 3), 8),
+    ],
+)
+def test_the_users_the_database_lists_per_tier_are_the_policys_share(settings, users_per_tier, cap):
+    # The per-tier share (max-min: the most users per tier whose sum fits the cap) is
+    # computed from three per-tier counts in SQL: the same users as the policy's.
+    settings.GANTRY_POLICY = {
+        "queue_depth_per_user": 1,
+        "queue_window_jobs": 0,
+        "queue_window_max_jobs": cap,
+    }
+    for tier, users in zip((Tier.ENTERPRISE, Tier.PAID, Tier.FREE), users_per_tier, strict=True):
+        orgs = [OrgFactory(tier=tier), OrgFactory(tier=tier)]
+        for n in range(users):
+            _jobs_of(UserFactory(org=orgs[n % 2]), 1, waited_from=900.0 - 7 * n)
+
+    read = build_snapshot().cluster
+    whole = build_snapshot(
+        config=PolicyConfig(queue_depth_per_user=10_000, queue_window_max_jobs=10_000)
+    ).cluster.queued
+
+    assert len(read.queued) <= cap
+    assert [job.id for job in read.queued] == [
+        job.id for job in queue_window(whole, read.config).listed
+    ]
+
+
 def test_a_claimed_job_is_listed_although_the_cap_leaves_its_user_out(settings):
     settings.GANTRY_POLICY = {
         "queue_depth_per_user": 1,

@@ -307,14 +307,24 @@ WITH eligible AS (
     FROM (SELECT *, row_number() OVER (PARTITION BY tier, org_id
                                        ORDER BY submitted, user_id) AS in_org
           FROM heads) h
+), tier_users AS MATERIALIZED (  -- a row per tier
+    SELECT tier, count(*) AS users FROM heads GROUP BY tier
 ), users_per_tier AS MATERIALIZED (
-    -- NULL: every user is listed (the users are the listed jobs at depth 1)
+    -- NULL: every user is listed (the users are the listed jobs at depth 1). Else the
+    -- most users per tier, k, with sum(least(users, k)) within max_jobs: k is a tier's
+    -- count, or the equal share of what the tiers at or below a count leave to the rest.
     SELECT CASE WHEN (SELECT listed FROM levels WHERE position = 1) <= %(max_jobs)s
                 THEN NULL ELSE (
-        SELECT coalesce(max(in_tier), 0) FROM (
-            SELECT in_tier, sum(tiers) OVER (ORDER BY in_tier) AS listed
-            FROM (SELECT in_tier, count(*) AS tiers FROM tier_ranked GROUP BY in_tier) t
-        ) l WHERE listed <= %(max_jobs)s
+        SELECT coalesce(max(k), 0) FROM (
+            SELECT users AS k FROM tier_users
+            UNION ALL
+            SELECT (%(max_jobs)s - (SELECT coalesce(sum(b.users), 0) FROM tier_users b
+                                    WHERE b.users <= a.users))::bigint
+                   / nullif((SELECT count(*) FROM tier_users c WHERE c.users > a.users), 0)
+            FROM (SELECT users FROM tier_users UNION ALL SELECT 0) a
+        ) candidates
+        WHERE k >= 0
+          AND (SELECT sum(least(users, k)) FROM tier_users) <= %(max_jobs)s
     ) END AS cutoff
 ), offered AS (
     SELECT r.id FROM users_per_tier u, capped_depth d, ranked r
