@@ -356,7 +356,7 @@ QUEUE_TOTALS_SQL = """
 SELECT tier, org_id::text, count(*),
        count(*) FILTER (WHERE {eligible}),
        COALESCE(sum(gpu_count) FILTER (WHERE {eligible}), 0),
-       COALESCE(sum(gpu_count * max_runtime_s) FILTER (WHERE {eligible}), 0)
+       COALESCE(sum(gpu_count::bigint * max_runtime_s) FILTER (WHERE {eligible}), 0)
 FROM {job}
 WHERE status = 'queued'
 GROUP BY tier, org_id
