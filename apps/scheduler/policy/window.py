@@ -145,17 +145,9 @@ def queue_window(jobs: Iterable[QueuedJob], config: PolicyConfig) -> QueueWindow
 
 def tally(jobs: Iterable[QueuedJob]) -> dict[tuple[str, str], QueueBacklog]:
     """The jobs' count, GPUs and GPU-seconds (at max runtime) per (tier, org)."""
-    counts: dict[tuple[str, str], list] = {}
-    for job in jobs:
-        count = counts.get((job.tier, job.org))
-        if count is None:
-            count = counts[(job.tier, job.org)] = [0, 0, 0.0]
-        count[0] += 1
-        count[1] += job.gpu_count
-        count[2] += job.gpu_count * job.max_runtime_s
     return {
         key: QueueBacklog(jobs=n, gpus=gpus, gpu_seconds=work)
-        for key, (n, gpus, work) in counts.items()
+        for key, (n, gpus, work) in _counts(jobs).items()
     }
 
 
@@ -165,15 +157,29 @@ def backlog_beside(
     """The backlog of a window read apart from its totals: what `totals` ((tier, org) →
     (jobs, GPUs, GPU-seconds) of every eligible queued job) holds beyond the `listed`
     jobs, for each (tier, org) with jobs left out."""
-    shown = tally(listed)
-    none = QueueBacklog()
+    shown = _counts(listed)
+    none = (0, 0, 0.0)
     backlog = {}
     for key, (jobs, gpus, work) in totals.items():
-        seen = shown.get(key, none)
-        if jobs > seen.jobs:
+        seen_jobs, seen_gpus, seen_work = shown.get(key, none)
+        if jobs > seen_jobs:
             backlog[key] = QueueBacklog(
-                jobs=int(jobs) - seen.jobs,
-                gpus=int(gpus) - seen.gpus,
-                gpu_seconds=max(0.0, float(work) - seen.gpu_seconds),
+                jobs=int(jobs) - seen_jobs,
+                gpus=int(gpus) - seen_gpus,
+                gpu_seconds=max(0.0, float(work) - seen_work),
             )
     return backlog
+
+
+def _counts(jobs: Iterable[QueuedJob]) -> dict[tuple[str, str], list]:
+    """[jobs, GPUs, GPU-seconds] per (tier, org): `tally`'s figures, unboxed (the
+    simulator counts its window on every tick)."""
+    counts: dict[tuple[str, str], list] = {}
+    for job in jobs:
+        count = counts.get((job.tier, job.org))
+        if count is None:
+            count = counts[(job.tier, job.org)] = [0, 0, 0.0]
+        count[0] += 1
+        count[1] += job.gpu_count
+        count[2] += job.gpu_count * job.max_runtime_s
+    return counts
