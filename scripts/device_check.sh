@@ -5,10 +5,13 @@
 # network: the wheels travel with the checkout.
 #
 #   scripts/device_check.sh wheels        # here: download the wheels into .whl/ (~45 MiB)
-#   scripts/device_check.sh [gpu] [bench] # there: install them, then run (default: both)
+#   scripts/device_check.sh [gpu] [bench] [sched]  # there: install, then run (default:
+#                                                  # gpu and bench)
 #
 # `bench` runs bench/reference.sh's 2-core and 16-core sets (about 6 minutes on 16
-# cores); SHORT=1 passes its short settings on. Output under $OUT when set, else
+# cores); SHORT=1 passes its short settings on. `sched` runs the scheduler's benchmarks
+# pinned to 2 cores (`make bench`'s settings): bench/scheduler.py and bench/dispatch.py
+# (the crowd of 100,000 one-job users included) against an embedded PostgreSQL 18. Output under $OUT when set, else
 # artifacts/device/.
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +65,17 @@ for part in "${@:-gpu bench}"; do
                 PY=$(command -v python3) bash bench/reference.sh 2 16 \
                     | grep -E "^(==|POST|GET|per round|target|pgbench|reserve|heartbeats)"
                 ;;
-            *) echo "unknown step $step (gpu, bench, wheels)" >&2; exit 2 ;;
+            sched)
+                mkdir -p artifacts
+                [ -e artifacts/bench ] || ln -s "$(realpath "$out")" artifacts/bench
+                taskset -c 0,1 python3 scripts/stack.py run -- python bench/scheduler.py \
+                    --queued 10000 100000 --repeat 3 --cpus 0,1 2>&1 | grep -v Warning \
+                    | tee artifacts/bench/scheduler-2cores.txt | tail -12
+                taskset -c 0,1 python3 scripts/stack.py run -- python bench/dispatch.py \
+                    --queued 10000 100000 --no-apply --crowd 100000 --cpus 0,1 2>&1 \
+                    | grep -v Warning | tee artifacts/bench/dispatch-2cores.txt | tail -12
+                ;;
+            *) echo "unknown step $step (gpu, bench, sched, wheels)" >&2; exit 2 ;;
         esac
     done
 done
