@@ -1,6 +1,8 @@
 """The dispatcher reads the policy's queue window from PostgreSQL: each user's first jobs
 and, per (tier, org), the backlog of the rest."""
 
+import gc
+import sys
 from datetime import timedelta
 
 import pytest
@@ -10,6 +12,7 @@ from apps.accounts.models import Tier
 from apps.jobs.models import Job, JobStatus
 from apps.scheduler.models import DecisionKind, NodeClaim
 from apps.scheduler.policy import PolicyConfig, QueueBacklog, queue_window, window_depth
+from apps.scheduler.services import snapshot as snapshot_module
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.snapshot import build_snapshot
 from tests.factories import OrgFactory, ProjectFactory, UserFactory
@@ -221,3 +224,33 @@ def test_the_snapshot_reads_the_weights_of_the_orgs_it_lists_other_than_1(depth_
     weights = build_snapshot().cluster.org_weights
 
     assert weights == {str(heavy.pk): 2.5}  # a missing org weighs 1 to the policy
+
+
+def test_reading_a_snapshot_runs_no_pass_of_the_garbage_collector(depth_2):
+    # Each pass rescans every long-lived object of the dispatcher's process: on 100,000
+    # queued jobs two full passes took a tenth of the read (bench/dispatch.py).
+    for n in range(3):
+        _jobs_of(UserFactory(org=OrgFactory()), 20, waited_from=1000.0 - n)
+    passes = []  # the reading functions that a pass interrupted
+
+    def count(phase, info):
+        frame = sys._getframe(1)
+        while phase == "start" and frame is not None:
+            if frame.f_code.co_filename == snapshot_module.__file__:
+                passes.append(frame.f_code.co_name)
+                return
+            frame = frame.f_back
+
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(1)  # a pass after every allocation, unless paused
+    gc.callbacks.append(count)
+    try:
+        snapshot = build_snapshot()
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*thresholds)
+
+    assert snapshot.queued_loaded == 6
+    assert passes == []
+    assert gc.isenabled()

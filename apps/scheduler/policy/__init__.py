@@ -16,6 +16,7 @@ best-fit, reservations and backfill, `preemption.py` for victims and entitlement
 
 from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig
 from .fairshare import FairShareQueue, Pick, RunningGpus, water_fill
+from .gc_pause import garbage_collector_paused
 from .placement import CapacityIndex, Pool, Reservation
 from .policy import schedule, schedule_round
 from .preemption import VictimFinder, is_victim_candidate, work_lost_gpu_seconds
@@ -74,6 +75,7 @@ __all__ = [
     "backlog_beside",
     "decay",
     "equivalent_gpus",
+    "garbage_collector_paused",
     "is_victim_candidate",
     "listed_users",
     "queue_window",

@@ -39,12 +39,12 @@ only on the snapshot (deterministic).
 
 from __future__ import annotations
 
-import gc
 import math
 
 from .config import TIER_RANK, TIERS
 from .estimate import Victims, estimate, free_times, stretch_by_tier, typical_end
 from .fairshare import FairShareQueue, Pick, RunningGpus
+from .gc_pause import garbage_collector_paused
 from .placement import CapacityIndex, Pool, Reservation
 from .preemption import VictimChoice, VictimFinder
 from .snapshot import (
@@ -82,15 +82,10 @@ def schedule(snapshot: ClusterSnapshot) -> list[Decision]:
 def schedule_round(snapshot: ClusterSnapshot, *, explain: bool = True) -> RoundResult:
     """`schedule`, and with `explain` why each looked-at job that was not placed waits,
     its position and its estimated start (`Waiting`, see estimate.py)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with garbage_collector_paused():
         round_ = _DispatchRound(snapshot)
         decisions = round_.run()
         return RoundResult(decisions, round_.waiting() if explain else [])
-    finally:
-        if collecting:
-            gc.enable()
 
 
 class _DispatchRound:

@@ -46,6 +46,7 @@ from apps.scheduler.policy import (
     RunningAllocation,
     UsageSnapshot,
     backlog_beside,
+    garbage_collector_paused,
 )
 from apps.scheduler.policy import Gpu as PolicyGpu
 from apps.scheduler.policy import GpuType as PolicyGpuType
@@ -71,6 +72,7 @@ def policy_config() -> PolicyConfig:
     return PolicyConfig(**options)
 
 
+@garbage_collector_paused()  # tens of thousands of rows become objects, none in a cycle
 def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
     """Read fleet, live allocations, the (bounded) queue, weights and usage at DB now().
 
