@@ -8,6 +8,7 @@ API. Without the variable a directory under the system temp folder is used: seve
 processes can never be right with per-process metrics.
 """
 
+import gc
 import os
 import tempfile
 
@@ -23,6 +24,16 @@ os.environ.setdefault(
 def on_starting(server):
     """Once per master start (not on a HUP reload, whose old workers' counts still count)."""
     metrics.prepare_multiprocess_dir(os.environ[metrics.MULTIPROC_ENV])
+
+
+def post_worker_init(worker):
+    """The worker has loaded the application: move what start-up made (Django, the
+    apps, the URL and schema machinery, most of the process's objects) out of the
+    cyclic garbage collector's sight. A full pass of the collector rescans every
+    tracked object and stalls every request of the worker meanwhile: in-process, 2,000
+    submissions ran one full pass of 98 ms over 161,590 objects; frozen, full passes
+    took at most 7.6 ms over 24,718 (docs/performance.md)."""
+    gc.freeze()
 
 
 def child_exit(server, worker):
