@@ -14,7 +14,7 @@ from apps.accounts import operations
 from apps.accounts.models import APIKey, OperatorAction, Org, Project, User
 from apps.accounts.operations import ORG_SETTINGS
 from apps.accounts.operator_actions import operator_of
-from apps.core.admin import ReadOnlyAdmin
+from apps.core.admin import ChosenRowFilter, ReadOnlyAdmin
 
 
 def audit_link(*, label: str = "Audit trail", **filters) -> str:
@@ -37,6 +37,15 @@ class ProjectInline(admin.TabularInline):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class OrgFilter(ChosenRowFilter):
+    """By org, for the lists of an org's rows: set by the links on the org list."""
+
+    title = "org"
+    parameter_name = "org__id__exact"
+    field = "org_id"
+    related_model = Org
 
 
 @admin.register(Org)

@@ -129,6 +129,8 @@ class Job(models.Model):
         ordering = ("-created_at",)
         indexes = [
             models.Index(fields=["org", "-created_at"], name="job_org_recent"),
+            # The operators' list of every org's jobs, newest first (the admin).
+            models.Index(fields=["created_at", "id"], name="job_recent"),
             models.Index(fields=["status", "queued_at"], name="job_status_queue"),
             models.Index(fields=["org", "status"], name="job_org_status"),
             models.Index(fields=["fingerprint"], name="job_fingerprint"),

@@ -10,7 +10,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from apps.accounts.admin import OrgAdmin
+from apps.accounts.admin import OrgAdmin, OrgFilter
 from apps.accounts.models import Org, Project, User
 from apps.accounts.operator_actions import operator_action, operator_of
 from apps.core.admin import ReadOnlyAdmin
@@ -51,6 +51,7 @@ class BucketAdmin(admin.ModelAdmin):
         ("expires_at", admin.EmptyFieldListFilter),
         ("expired_at", admin.EmptyFieldListFilter),
         "org__tier",
+        OrgFilter,
     )
     search_fields = (
         "id",
@@ -60,7 +61,7 @@ class BucketAdmin(admin.ModelAdmin):
         "idempotency_key",
         "actor",
     )
-    list_select_related = ("org", "project")
+    list_select_related = ("org", "project__org")  # a project's name shows its org
     readonly_fields = [f.name for f in Bucket._meta.fields]
     actions = ["grant_more"]
 
@@ -194,9 +195,9 @@ class HoldAdmin(admin.ModelAdmin):
         "created_at",
         "settled_at",
     )
-    list_filter = ("state", "org__tier")
+    list_filter = ("state", "org__tier", OrgFilter)
     search_fields = ("id", "org__name", "idempotency_key", "job_ref", "reason")
-    list_select_related = ("org", "project", "user")
+    list_select_related = ("org", "project__org", "user__org")  # their names show the org
     readonly_fields = [f.name for f in Hold._meta.fields]
     inlines = [AllocationInline]
     actions = ["settle_at_metered_usage"]
@@ -237,6 +238,29 @@ def _hold_state(hold: Hold) -> dict:
     }
 
 
+class EntryLegsFilter(admin.SimpleListFilter):
+    """Each move of money is two entries, the same amount with opposite signs on its two
+    accounts. By default the list shows one row per move, its positive leg (account,
+    counter account and amount say all of it), newest first through the entry_time
+    index; both legs on request, newest first by a sort of every entry matched (an org's
+    through entry_org_time)."""
+
+    title = "legs"
+    parameter_name = "legs"
+
+    def lookups(self, request, model_admin):
+        return (("both", "Both legs of each move"),)
+
+    def choices(self, changelist):
+        choices = super().choices(changelist)
+        unset = next(choices)  # Django's "All": here, no value is one row per move
+        yield {**unset, "display": "One row per move"}
+        yield from choices
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() == "both" else queryset.filter(amount__gt=0)
+
+
 @admin.register(Entry)
 class EntryAdmin(ReadOnlyAdmin):
     list_display = (
@@ -252,18 +276,21 @@ class EntryAdmin(ReadOnlyAdmin):
         "job_id",
         "txn",
     )
-    list_filter = ("kind", "account", "created_at")
-    search_fields = (
-        "=txn",
-        "=hold__id",
-        "=job_id",
-        "=bucket__id",
-        "org__name",
-        "idempotency_key",
-        "memo",
+    # The largest table of all: the page is read through indexes (see EntryLegsFilter),
+    # dates as ranges (no date hierarchy: it reads every row's date), no count of the
+    # whole table.
+    list_filter = (
+        EntryLegsFilter,
+        "kind",
+        "account",
+        OrgFilter,
+        ("created_at", admin.DateFieldListFilter),
     )
-    list_select_related = ("org",)
-    date_hierarchy = "created_at"
+    search_fields = ("=txn", "=hold__id", "=job_id", "=bucket__id")
+    search_help_text = "A transaction, hold, job or bucket id."
+    list_select_related = ("org", "bucket", "hold")
+    show_full_result_count = False
+    ordering = ("-created_at", "-id")
 
 
 @admin.register(Budget)
@@ -283,7 +310,7 @@ class BudgetAdmin(admin.ModelAdmin):
     )
     list_filter = ("mode", "period")
     search_fields = ("org__name", "project__name", "user__name")
-    list_select_related = ("org", "project", "user")
+    list_select_related = ("org", "project__org", "user__org")  # their names show the org
     readonly_fields = (
         "held_total",
         "consumed_total",
@@ -298,7 +325,9 @@ class BudgetAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         # A budget is listed once, as its first lane; its figures add its lanes up.
-        return super().get_queryset(request).filter(lane_of__isnull=True)
+        return selectors.with_budget_usage(
+            super().get_queryset(request).filter(lane_of__isnull=True)
+        )
 
     @admin.display(description="held")
     def held_total(self, obj):
@@ -351,7 +380,10 @@ class LedgerAuditEventAdmin(ReadOnlyAdmin):
 
 
 def budget_usage_of_row(budget) -> tuple[int, int]:
-    """The budget's (held, consumed) over its lanes, read once per row of the page."""
+    """The budget's (held, consumed) over its lanes: read with the page's rows
+    (selectors.with_budget_usage), or once for a row read without them."""
+    if hasattr(budget, "usage_held"):
+        return budget.usage_held, budget.usage_consumed
     if not hasattr(budget, "_usage"):
         budget._usage = selectors.budget_usage(budget)
     return budget._usage
@@ -390,7 +422,9 @@ class BudgetInline(admin.TabularInline):
 
     def get_queryset(self, request):
         # A budget is shown once, as its first lane; its figures add its lanes up.
-        return super().get_queryset(request).filter(lane_of__isnull=True)
+        return selectors.with_budget_usage(
+            super().get_queryset(request).filter(lane_of__isnull=True)
+        )
 
     @admin.display(description="held")
     def held_total(self, obj):

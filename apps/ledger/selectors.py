@@ -6,7 +6,19 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import BigIntegerField, Case, Count, F, Q, QuerySet, Sum, When
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    Count,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce, Now, TruncMonth
 
 from apps.core.clock import db_now
@@ -135,16 +147,37 @@ def budget_usage(budget: Budget) -> tuple[int, int]:
     """(held, consumed) of a budget: the sums over its lanes (Budget.lane_of), consumed
     counting only the current month of a month budget (database clock), in one query."""
     first_id = budget.lane_of_id or budget.pk
+    sums = Budget.objects.filter(Q(pk=first_id) | Q(lane_of_id=first_id)).aggregate(**_usage_sums())
+    return sums["held"], sums["consumed"]
+
+
+def with_budget_usage(budgets: QuerySet[Budget]) -> QuerySet[Budget]:
+    """`budgets` (first lanes) with `usage_held` and `usage_consumed`: budget_usage of
+    each row, read in the same query (a page of budgets, one query)."""
+    lanes = (
+        Budget.objects.filter(Q(pk=OuterRef("pk")) | Q(lane_of_id=OuterRef("pk")))
+        .order_by()
+        .annotate(one=Value(1))
+        .values("one")  # one group: the lanes of the outer row
+    )
+    return budgets.annotate(
+        **{
+            f"usage_{name}": Coalesce(Subquery(lanes.annotate(total=total).values("total")), 0)
+            for name, total in _usage_sums().items()
+        }
+    )
+
+
+def _usage_sums() -> dict:
     this_month = TruncMonth(Now(), tzinfo=UTC)
     stale = Q(period="month", period_start__lt=this_month)
-    sums = Budget.objects.filter(Q(pk=first_id) | Q(lane_of_id=first_id)).aggregate(
-        held=Sum("held", default=0),
-        consumed=Sum(
+    return {
+        "held": Sum("held", default=0),
+        "consumed": Sum(
             Case(When(stale, then=0), default=F("consumed"), output_field=BigIntegerField()),
             default=0,
         ),
-    )
-    return sums["held"], sums["consumed"]
+    }
 
 
 def budgets_of(*, org) -> QuerySet[Budget]:

@@ -2,6 +2,8 @@
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.ledger.models import HoldState
@@ -35,6 +37,63 @@ def test_jobs_are_searchable_and_filterable_by_status_tier_and_org(staff):
     assert listed("?status__exact=queued") == {str(other.id)}
     assert listed("?tier__exact=enterprise") == {str(mine.id)}
     assert listed(f"?org__id__exact={acme.id}") == {str(mine.id)}
+
+
+def test_search_finds_jobs_by_their_hold_org_or_project_id_project_name_or_fingerprint(staff):
+    acme = funded_org(name="acme-video", tier="paid")
+    held = JobFactory(org=acme, with_hold=True, params={"prompt": "one of a kind", "steps": 9})
+    other = JobFactory(org=OrgFactory(name="zeta", tier="free"))
+    other.project.name = "storyboards"
+    other.project.save()
+
+    def found(term):
+        response = staff.get(CHANGELIST, {"q": term})
+        assert response.status_code == 200
+        return {str(j.id) for j in response.context["cl"].result_list}
+
+    assert found(str(held.id)) == {str(held.id)}
+    assert found(str(held.hold_id)) == {str(held.id)}
+    assert found(str(acme.id)) == {str(held.id)}
+    assert found(str(other.project_id)) == {str(other.id)}
+    assert found("storyboard") == {str(other.id)}
+    assert found("ACME") == {str(held.id)}
+    assert found(held.fingerprint) == {str(held.id)}
+    assert found("nothing-by-that-name") == set()
+
+
+def test_the_org_filter_names_only_the_org_chosen_and_a_malformed_one_is_refused(staff):
+    orgs = [OrgFactory(name=f"tenant-{n}") for n in range(3)]
+    jobs = [JobFactory(org=org) for org in orgs]
+
+    def org_choices(response):
+        (spec,) = (f for f in response.context["cl"].filter_specs if f.title == "org")
+        return [c["display"] for c in spec.choices(response.context["cl"])]
+
+    unfiltered = staff.get(CHANGELIST)
+    assert unfiltered.status_code == 200
+    assert not any(
+        f.title == "org" and f.has_output() for f in unfiltered.context["cl"].filter_specs
+    )
+
+    chosen = staff.get(CHANGELIST, {"org__id__exact": str(orgs[1].id)})
+    assert {j.id for j in chosen.context["cl"].result_list} == {jobs[1].id}
+    assert org_choices(chosen) == ["All", str(orgs[1])]
+
+    malformed = staff.get(CHANGELIST, {"org__id__exact": "not-a-uuid"})
+    assert malformed.status_code == 302 and "e=1" in malformed["Location"]
+
+
+def test_the_job_list_reads_as_many_queries_for_many_jobs_as_for_one(staff):
+    def queries_to_list():
+        with CaptureQueriesContext(connection) as captured:
+            assert staff.get(CHANGELIST).status_code == 200
+        return len(captured.captured_queries)
+
+    JobFactory(org=funded_org(), with_hold=True)
+    one = queries_to_list()
+    for _ in range(6):
+        JobFactory(org=funded_org(), with_hold=True)
+    assert queries_to_list() == one
 
 
 def test_the_change_page_shows_the_event_log_and_attempts_read_only(staff):

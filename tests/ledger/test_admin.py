@@ -2,11 +2,13 @@
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from apps.ledger.models import Bucket, Budget, Entry, HoldState
 from tests.factories import OrgFactory, ProjectFactory
-from tests.ledger.factories import CREDIT, BucketFactory, HoldFactory
+from tests.ledger.factories import CREDIT, BucketFactory, BudgetFactory, HoldFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -121,3 +123,42 @@ def test_a_budget_saved_in_the_admin_goes_through_set_budget(admin_client, ledge
     assert admin_client.post(reverse("admin:ledger_budget_add"), body).status_code == 302
     budget = Budget.objects.get()
     assert budget.held == 2 * CREDIT  # the open hold was counted
+
+
+def test_the_entry_list_shows_one_row_per_move_newest_first_and_both_legs_on_request(
+    admin_client, ledger
+):
+    org, bucket, _hold = ledger
+    HoldFactory(org=org, amount=3 * CREDIT)
+    url = reverse("admin:ledger_entry_changelist")
+
+    def listed(**query):
+        response = admin_client.get(url, query)
+        assert response.status_code == 200
+        return list(response.context["cl"].result_list)
+
+    moves = listed()
+    assert len(moves) == Entry.objects.filter(amount__gt=0).count() >= 3  # grant, two holds
+    assert all(entry.amount > 0 for entry in moves)
+    assert [e.created_at for e in moves] == sorted((e.created_at for e in moves), reverse=True)
+    both = listed(legs="both")
+    assert len(both) == Entry.objects.count() == 2 * len(moves)
+    assert [e.amount for e in listed(q=str(bucket.pk), legs="both") if e.amount < 0]
+
+
+def test_the_hold_and_entry_lists_read_as_many_queries_for_many_rows_as_for_one(
+    admin_client, ledger
+):
+    org, _bucket, _hold = ledger
+
+    def queries(model):
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(reverse(f"admin:ledger_{model}_changelist")).status_code == 200
+        return len(captured.captured_queries)
+
+    before = {model: queries(model) for model in ("hold", "entry", "bucket", "budget")}
+    for n in range(4):
+        project = ProjectFactory(org=org, name=f"p{n}")
+        HoldFactory(org=org, project=project, amount=CREDIT)
+        BudgetFactory(org=org, project=project, limit=100 * CREDIT)
+    assert {model: queries(model) for model in before} == before

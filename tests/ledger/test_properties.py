@@ -95,9 +95,11 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         assert again.pk == hold.pk
         # Invariant 7: a hold was admitted only within every hard budget above it.
-        for budget in selectors.budgets_of(org=self.org).filter(mode="hard"):
-            if budget.project_id in (None, hold.project_id):
-                held, consumed = selectors.budget_usage(budget)
+        for budget in selectors.with_budget_usage(selectors.budgets_of(org=self.org)):
+            held, consumed = selectors.budget_usage(budget)
+            # The admin's list reads the same figures with its rows.
+            assert (budget.usage_held, budget.usage_consumed) == (held, consumed)
+            if budget.mode == "hard" and budget.project_id in (None, hold.project_id):
                 assert held + consumed <= budget.limit
         self.usage[hold.pk] = 0
         return hold
