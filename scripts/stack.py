@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -331,15 +331,63 @@ def platform_processes(
             flower_process(port=flower_port, url_prefix=env.get("GANTRY_FLOWER_URL_PREFIX", ""))
         ),
     }
-    for offset, (node_name, slots) in enumerate(node_queues(env), start=1):
-        name = f"worker-{node_name}"
+    limit = int(env.get("GANTRY_LOCAL_GPU_POOLS") or LOCAL_GPU_POOLS)
+    for offset, pool in enumerate(gpu_pools(node_queues(env), limit=limit), start=1):
         port = metrics_port_base + offset
-        processes[name] = Process(
-            gpu_pool_worker(celery, node_name, slots),
-            metrics_env(name, port=port, processes=1),  # threads: one process
+        processes[pool.name] = Process(
+            gpu_pool_worker(celery, pool.nodes, pool.slots, hostname=pool.hostname),
+            metrics_env(pool.name, port=port, processes=1),  # threads: one process
             port,
         )
     return processes
+
+
+# GPU-pool worker processes `make up` starts at most on this one host (GANTRY_LOCAL_GPU_POOLS).
+LOCAL_GPU_POOLS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPool:
+    name: str  # the process's name under supervisord
+    hostname: str  # the Celery worker's name
+    nodes: tuple[str, ...]
+    slots: int  # run slots: the nodes' GPUs
+
+
+def gpu_pools(nodes: list[tuple[str, int]], *, limit: int) -> list[GpuPool]:
+    """The GPU-pool workers that serve `nodes` ((name, GPUs), in order) on this host.
+
+    One per node, as on real GPU hosts, up to `limit` nodes. A larger fleet (the trace's
+    1,213 nodes, a test of thousands of GPUs) would start a process per node, each
+    about 100 MB, and exhaust the host: its nodes are split into `limit` runs of
+    consecutive nodes with about as many GPUs each, one worker consuming each run's
+    queues (a worker pulses for every node whose queue it consumes, and the dispatcher
+    decides which GPUs a job gets, so a worker may serve several nodes)."""
+    if len(nodes) <= limit:
+        return [GpuPool(f"worker-{name}", f"{name}@%h", (name,), gpus) for name, gpus in nodes]
+    total = sum(gpus for _name, gpus in nodes)
+    pools: list[GpuPool] = []
+    run: list[tuple[str, int]] = []
+    done = 0
+    for index, (name, gpus) in enumerate(nodes):
+        run.append((name, gpus))
+        done += gpus
+        left_nodes, left_pools = len(nodes) - index - 1, limit - len(pools) - 1
+        # Close the run at its share of the GPUs, or when the nodes left only fill the rest.
+        if left_pools and (done >= total * (len(pools) + 1) / limit or left_nodes == left_pools):
+            pools.append(_pool(len(pools) + 1, run))
+            run = []
+    pools.append(_pool(len(pools) + 1, run))
+    return pools
+
+
+def _pool(number: int, run: list[tuple[str, int]]) -> GpuPool:
+    return GpuPool(
+        f"worker-pool-{number}",
+        f"pool-{number}@%h",
+        tuple(name for name, _gpus in run),
+        sum(gpus for _name, gpus in run),
+    )
 
 
 def prepare_metrics(processes: dict[str, Process], *, api_port: int, flower_port: int) -> None:
@@ -365,8 +413,11 @@ def prepare_metrics(processes: dict[str, Process], *, api_port: int, flower_port
     PROMETHEUS_TARGETS.write_text(json.dumps(targets, indent=2) + "\n")
 
 
-def gpu_pool_worker(celery: str, node_name: str, slots: int) -> list[str]:
-    """The worker pool of one node: one run slot per GPU, each run a supervised subprocess.
+def gpu_pool_worker(
+    celery: str, nodes: str | Sequence[str], slots: int, *, hostname: str | None = None
+) -> list[str]:
+    """The worker pool of one node (or several, see gpu_pools): one run slot per GPU,
+    each run a supervised subprocess.
 
     Threads, not prefork: a slot spends its life waiting on the generator and the
     database, and when the worker dies its runs die with it (the generator gets a
@@ -374,6 +425,7 @@ def gpu_pool_worker(celery: str, node_name: str, slots: int) -> list[str]:
     One message reserved per slot (prefetch 1, acks late), no gossip or mingle: the
     dispatcher decides where work goes, not the broker.
     """
+    names = [nodes] if isinstance(nodes, str) else list(nodes)
     return [
         celery,
         "-A",
@@ -383,9 +435,9 @@ def gpu_pool_worker(celery: str, node_name: str, slots: int) -> list[str]:
         "--loglevel",
         "INFO",
         "--hostname",
-        f"{node_name}@%h",
+        hostname or f"{names[0]}@%h",
         "--queues",
-        f"node.{node_name}",
+        ",".join(f"node.{name}" for name in names),
         "--pool",
         "threads",
         "--concurrency",

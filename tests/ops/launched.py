@@ -91,9 +91,16 @@ def drop_scratch_database() -> None:
 
 
 @contextlib.contextmanager
-def launched_platform(tmp_path, *, fresh_database: bool = True, api_port: int | None = None):
+def launched_platform(
+    tmp_path,
+    *,
+    fresh_database: bool = True,
+    api_port: int | None = None,
+    extra_env: dict[str, str] | None = None,
+):
     """`scripts/stack.py up` on the scratch database (made anew unless `fresh_database`
-    is False: a restart of the same platform), until the block ends (Ctrl-C)."""
+    is False: a restart of the same platform), with `extra_env` (settings of the
+    launcher or the platform), until the block ends (Ctrl-C)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     if fresh_database:
         drop_scratch_database()
@@ -113,6 +120,7 @@ def launched_platform(tmp_path, *, fresh_database: bool = True, api_port: int | 
         "GANTRY_HEARTBEAT_S": "0.5",
         "GANTRY_LEASE_S": "6",
         "GANTRY_REPUBLISH_AFTER_S": "2",
+        **(extra_env or {}),
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     log = (tmp_path / "up.log").open("wb")
