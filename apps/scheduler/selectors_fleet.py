@@ -151,9 +151,21 @@ def fleet_overview(*, state: str | None = None) -> FleetOverview:
         .annotate(count=Count("id"), oldest=Min("queued_at"))
         .order_by("tier")
     ]
-    for name, pulse in liveness.pulses([node.name for node in nodes.values()]).items():
-        next(node for node in nodes.values() if node.name == name).pulse = pulse
+    by_name = {node.name: node for node in nodes.values()}
+    for name, pulse in liveness.pulses(list(by_name)).items():
+        by_name[name].pulse = pulse
     return FleetOverview(nodes=list(nodes.values()), queue=queue)
+
+
+def nodes_shown(fleet: FleetOverview, *, busy_only: bool, name_contains: str) -> list[NodeRow]:
+    """The nodes of `fleet` the page lists: those running something (`busy_only`), whose
+    name contains `name_contains` (any case), in name order."""
+    needle = name_contains.strip().lower()
+    return [
+        node
+        for node in fleet.nodes
+        if (node.busy_count or not busy_only) and needle in node.name.lower()
+    ]
 
 
 REASON_SAMPLE = 200  # the longest-waiting jobs of a tier whose reasons are counted

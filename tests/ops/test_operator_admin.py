@@ -590,3 +590,33 @@ def test_the_fleet_page_shows_worker_liveness_queue_waits_in_seconds_and_reasons
     assert "no telemetry" in page
     assert re.search(r"oldest waits \d+ s", page)
     assert "waiting for 2 H100: 0 of 2 free" in page
+
+
+def test_a_large_fleet_is_shown_a_page_of_nodes_at_a_time_with_the_busy_ones_and_a_search(
+    admin_client,
+):
+    world = platform()
+    for n in range(60):
+        NodeFactory(name=f"rack-{n:02d}", gpus=2)
+    fleet = reverse("admin:fleet")
+
+    def listed(**query):
+        response = admin_client.get(fleet, query)
+        assert response.status_code == 200
+        return re.findall(r'id="node-([^"]+)"', response.content.decode()), response
+
+    first, response = listed()
+    total = Node.objects.count()
+    assert len(first) == 50 and first == sorted(first)
+    assert f"{total} nodes shown, 1–50 on this page" in response.content.decode()
+    rest, _ = listed(page=2)
+    assert len(rest) == total - 50 and not set(rest) & set(first)
+    # The cards count the whole fleet, not the page.
+    assert f"{Node.objects.count()}</div>" in response.content.decode()
+
+    assert listed(busy="1")[0] == [world.busy_node.name]
+    assert listed(q="RACK-5")[0] == [f"rack-{n}" for n in range(50, 60)]
+    assert listed(q="rack", page=2)[0] == [f"rack-{n}" for n in range(50, 60)]
+    assert "?q=rack&amp;page=2" in listed(q="rack")[1].content.decode()  # pages keep the search
+    assert listed(q="no such node")[0] == []
+    assert listed(page="nonsense")[0] == first  # a bad page number shows the first
