@@ -239,12 +239,14 @@ class OrgOverviewAdmin(LedgerOrgAdmin):
         live = Bucket.objects.filter(org=OuterRef("pk"), expired_at__isnull=True).filter(
             Q(expires_at__isnull=True) | Q(expires_at__gt=now)
         )
-        # Attempts still running, or that ended within the window, count in full.
-        attempts = Attempt.objects.filter(job__org=OuterRef("pk"))
+        # Attempts still running, or that ended within the window, count in full: read
+        # through attempt_org_ended, so an org's row costs its recent attempts, not its
+        # history.
+        attempts = Attempt.objects.filter(org=OuterRef("pk"))
 
         def attempts_since(delta, field):
             recent = attempts.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=now - delta))
-            return _sum_per_org(recent, "job__org", field)
+            return _sum_per_org(recent, "org", field)
 
         def jobs(status):
             counted = Job.objects.filter(org=OuterRef("pk"), status=status).values("org")
@@ -295,7 +297,8 @@ def _charged_of_job():
 
 
 def _sum_per_org(queryset, org_path: str, expression):
-    summed = queryset.values(org_path).annotate(total=Sum(expression)).values("total")
+    # No ordering: an attempt's (by job) would join every summed row to its job.
+    summed = queryset.order_by().values(org_path).annotate(total=Sum(expression)).values("total")
     return Coalesce(Subquery(summed, output_field=BigIntegerField()), 0)
 
 

@@ -210,6 +210,11 @@ class Attempt(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="attempts")
+    # The job's org, copied at placement: an org's spend over a window is read through
+    # attempt_org_ended (its attempts by end), not through every job it ever ran.
+    org = models.ForeignKey(
+        "accounts.Org", on_delete=models.PROTECT, related_name="attempts", db_index=False
+    )
     number = models.PositiveSmallIntegerField()
     node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="attempts")
     gpu_type = models.CharField(max_length=32)
@@ -260,7 +265,10 @@ class Attempt(models.Model):
                 fields=["finished_at"],
                 condition=Q(started_at__isnull=False),
                 name="attempt_ended",
-            )
+            ),
+            # An org's attempts still running (NULL) or ended since a time: the admin's
+            # org list (spend over 24 hours and 30 days, GPU-hours).
+            models.Index(fields=["org", "finished_at"], name="attempt_org_ended"),
         ]
 
     def __str__(self):

@@ -126,6 +126,7 @@ def place(job: Job, *, gpus: int = 1, state: str = AttemptState.SCHEDULED, start
     now = timezone.now()
     attempt = Attempt.objects.create(
         job=job,
+        org_id=job.org_id,
         number=job.attempt_count + 1,
         node=node,
         gpu_type="H100",

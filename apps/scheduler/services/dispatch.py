@@ -282,6 +282,7 @@ def _place(decision: Place, *, tick: uuid.UUID) -> Attempt:
     devices = ",".join(gpu[3] or str(gpu[1]) for gpu in gpus)
     attempt = Attempt.objects.create(
         job_id=job.id,
+        org_id=job.org_id,
         number=job.attempt_count + 1,
         node_id=node_id,
         gpu_type=decision.gpu_type,
