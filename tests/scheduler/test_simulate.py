@@ -354,3 +354,33 @@ def test_a_policy_option_changes_the_fair_policy_and_a_bad_one_is_refused(capsys
     assert "bad policy option" in capsys.readouterr().err
     assert main([*base, "--policy-option", "reclaim_wait_s=-1"]) == 2
     assert "reclaim_wait_s" in capsys.readouterr().err
+
+
+def test_the_queue_is_explained_as_often_as_the_dispatcher_publishes_it_and_decides_the_same():
+    fleet = synthetic_fleet(32)
+    load = flood(fleet.gpu_types, fleet.total_gpus, 300.0, seed=6, flood_jobs=200)  # a queue
+    explained_at = {}
+
+    def run(every):
+        explained_at[every] = []
+
+        def counting(snapshot, *, explain=True):
+            if explain:
+                explained_at[every].append(snapshot.now)
+            return POLICIES["fair"](snapshot, explain=explain)
+
+        counting.explains = True
+        sim = Simulation(
+            fleet, load, counting, policy_name="fair", duration_s=300.0, explain_every_s=every
+        )
+        return summarize(sim.run())
+
+    every_tick, every_five = run(1.0), run(5.0)
+    assert every_five.preemptions == every_tick.preemptions
+    assert (every_five.waits, every_five.lost_gpu_seconds) == (
+        every_tick.waits,
+        every_tick.lost_gpu_seconds,
+    )
+    gaps = [b - a for a, b in zip(explained_at[5.0], explained_at[5.0][1:], strict=False)]
+    assert gaps and min(gaps) >= 5.0 and all(t == int(t) for t in explained_at[5.0])
+    assert len(explained_at[1.0]) > 4 * len(explained_at[5.0])

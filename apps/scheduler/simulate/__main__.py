@@ -9,6 +9,7 @@ import sys
 
 from apps.scheduler.policy import PolicyConfig
 
+from .engine import EXPLAIN_EVERY_S
 from .runner import POLICIES, SCENARIOS, run_scenario
 
 
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a policy knob for the fair policy, as GANTRY_POLICY does "
         '(e.g. \'tier_weights={"enterprise": 6, "paid": 3, "free": 1}\'); repeatable',
     )
+    parser.add_argument(
+        "--explain-every",
+        type=float,
+        default=EXPLAIN_EVERY_S,
+        metavar="S",
+        help="explain the queue (start estimates, reasons) at most every S seconds, as the "
+        "dispatcher does (GANTRY_QUEUE_STATE_INTERVAL_S; default %(default)g)",
+    )
     parser.add_argument("--out", help="directory for PNG plots")
     return parser
 
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             queue_quota=args.queue_quota,
             out_dir=args.out,
             config=PolicyConfig(**dict(args.policy_option)),
+            explain_every_s=args.explain_every,
         )
     except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

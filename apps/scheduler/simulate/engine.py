@@ -72,6 +72,9 @@ _FINISH, _STOP, _WAKE = 0, 1, 2
 # A submission or a release wakes the dispatcher (as wake_dispatcher does): a round
 # runs this long after it, between the 1 s ticks; wake-ups within it share one round.
 WAKE_LATENCY_S = 0.05
+# How often a round explains the queue (start estimates, reasons): the dispatcher's
+# GANTRY_QUEUE_STATE_INTERVAL_S default, so tenants' estimates are read as often as there.
+EXPLAIN_EVERY_S = 5.0
 _ENTRY_ORDER = operator.itemgetter(0, 1)  # (submitted_at, sequence): never the job itself
 
 
@@ -161,6 +164,7 @@ class Simulation:
         queue_quota: Mapping[str, int | None] | None = None,
         stop_delay_s: float = 5.0,
         drain_s: float = 0.0,
+        explain_every_s: float = EXPLAIN_EVERY_S,
     ):
         self.fleet = fleet
         self.workload = workload
@@ -172,6 +176,8 @@ class Simulation:
         self.quota = dict(DEFAULT_QUEUE_QUOTA if queue_quota is None else queue_quota)
         self.stop_delay = stop_delay_s
         self.drain_s = float(drain_s)
+        self.explain_every = float(explain_every_s)
+        self._next_explain = -math.inf
 
         self.nodes: list[Node] = []
         self.gpu_by_id: dict[str, Gpu] = {}
@@ -346,12 +352,16 @@ class Simulation:
 
     def _round(self, now: float) -> None:
         """One dispatch round at `now`: the policy's decisions, applied. A policy that
-        explains (start estimates) is asked to on the 1 s ticks, where the dispatcher
-        publishes what tenants read; wake-up rounds only decide."""
+        explains (start estimates) is asked to on a 1 s tick at most every
+        `explain_every_s`, as the dispatcher publishes what tenants read; other rounds
+        only decide (explaining changes no decision)."""
         snapshot = self._snapshot(now)
         began = time.perf_counter()
         if getattr(self.policy, "explains", False):
-            decisions = self.policy(snapshot, explain=float(now).is_integer())
+            explain = float(now).is_integer() and now >= self._next_explain
+            if explain:
+                self._next_explain = now + self.explain_every
+            decisions = self.policy(snapshot, explain=explain)
         else:
             decisions = self.policy(snapshot)
         self.policy_time += time.perf_counter() - began

@@ -9,7 +9,7 @@ from pathlib import Path
 from apps.scheduler.policy import PolicyConfig, schedule_round
 
 from . import baselines, workload
-from .engine import PolicyFunction, SimResult, Simulation
+from .engine import EXPLAIN_EVERY_S, PolicyFunction, SimResult, Simulation
 from .fleet import FleetModel, fleet_from_file, fleet_of_types, synthetic_fleet
 from .metrics import (
     Summary,
@@ -26,7 +26,7 @@ def fair(snapshot, *, explain: bool = True):
     return schedule_round(snapshot, explain=explain)
 
 
-fair.explains = True  # the engine asks for estimates on the 1 s ticks only
+fair.explains = True  # the engine asks for estimates as often as the dispatcher publishes them
 
 POLICIES: dict[str, PolicyFunction] = {
     "fair": fair,
@@ -166,6 +166,7 @@ def run_scenario(
     config: PolicyConfig | None = None,
     out_dir: str | Path | None = None,
     drain_s: float | None = None,
+    explain_every_s: float = EXPLAIN_EVERY_S,
 ) -> ScenarioReport:
     """Run `scenario` under each of `policies`. `overload` is the offered load (work
     submitted over the fleet's GPU time): for the synthetic scenarios it scales the
@@ -218,6 +219,7 @@ def run_scenario(
             warmup_s=warmup_s,
             queue_quota=queue_quota,
             drain_s=drain_s,
+            explain_every_s=explain_every_s,
         ).run()
 
     results = [simulate(load, name) for name in policies]
