@@ -420,15 +420,70 @@ def platform_processes(
             flower_process(port=flower_port, url_prefix=env.get("GANTRY_FLOWER_URL_PREFIX", ""))
         ),
     }
-    limit = int(env.get("GANTRY_LOCAL_GPU_POOLS") or LOCAL_GPU_POOLS)
-    for offset, pool in enumerate(gpu_pools(node_queues(env), limit=limit), start=1):
-        port = metrics_port_base + offset
-        processes[pool.name] = Process(
-            gpu_pool_worker(celery, pool.nodes, pool.slots, hostname=pool.hostname),
-            metrics_env(pool.name, port=port, processes=1),  # threads: one process
-            port,
-        )
+    pools = gpu_pools(node_queues(env), limit=local_gpu_pools(env))
+    for offset, pool in enumerate(pools, start=1):
+        processes[pool.name] = pool_process(pool, port=metrics_port_base + offset)
     return processes
+
+
+def local_gpu_pools(env: dict[str, str]) -> int:
+    return int(env.get("GANTRY_LOCAL_GPU_POOLS") or LOCAL_GPU_POOLS)
+
+
+def pool_process(pool: GpuPool, *, port: int) -> Process:
+    return Process(
+        gpu_pool_worker(str(BIN / "celery"), pool.nodes, pool.slots, hostname=pool.hostname),
+        metrics_env(pool.name, port=port, processes=1),  # threads: one process
+        port,
+    )
+
+
+# The nodes a worker pool must serve: `manage.py fleet_nodes`'s rows (every node not
+# removed, with its GPUs), read directly, as the launcher polls it every few seconds.
+FLEET_NODES_SQL = """
+SELECT n.name, count(g.id) FROM scheduler_node n LEFT JOIN scheduler_gpu g ON g.node_id = n.id
+ WHERE n.state <> 'down' GROUP BY n.name ORDER BY n.name
+"""
+
+
+def fleet_nodes(database_url: str) -> list[tuple[str, int]] | None:
+    """(node, GPUs) of the fleet now, or None if the database does not answer."""
+    import psycopg
+
+    try:
+        with psycopg.connect(database_url, connect_timeout=2) as conn:
+            return [(name, int(gpus)) for name, gpus in conn.execute(FLEET_NODES_SQL)]
+    except psycopg.Error:
+        return None
+
+
+def pools_for_new_nodes(
+    table: dict[str, Process], nodes: list[tuple[str, int]], *, limit: int
+) -> list[GpuPool]:
+    """Worker pools for the nodes of `nodes` that no worker of `table` serves (added
+    through the operator API or the admin while the platform runs): one per node while
+    the table has fewer than `limit` GPU-pool workers, else one for all of them."""
+    served = {
+        queue.removeprefix("node.")
+        for process in table.values()
+        if "--queues" in process.argv
+        for queue in process.argv[process.argv.index("--queues") + 1].split(",")
+    }
+    new = [(name, gpus) for name, gpus in nodes if name not in served and gpus]
+    if not new:
+        return []
+    workers = sum(1 for name in table if name.startswith("worker-") and name != "worker-control")
+    if workers + len(new) <= limit:
+        return [GpuPool(f"worker-{name}", f"{name}@%h", (name,), gpus) for name, gpus in new]
+    number = 1 + sum(1 for name in table if name.startswith("worker-added-"))
+    return [
+        GpuPool(
+            f"worker-added-{number}",
+            f"added-{number}@%h",
+            tuple(name for name, _gpus in new),
+            sum(gpus for _name, gpus in new),
+        )
+    ]
 
 
 # GPU-pool worker processes `make up` starts at most on this one host (GANTRY_LOCAL_GPU_POOLS).
@@ -487,6 +542,10 @@ def prepare_metrics(processes: dict[str, Process], *, api_port: int, flower_port
         directory = process.env.get("PROMETHEUS_MULTIPROC_DIR")
         if directory:
             Path(directory).mkdir(parents=True)
+    write_scrape_targets(processes, api_port=api_port, flower_port=flower_port)
+
+
+def write_scrape_targets(processes: dict[str, Process], *, api_port: int, flower_port: int) -> None:
     targets = [
         {"targets": [f"127.0.0.1:{api_port}"], "labels": {"job": "gantry-api"}},
         {"targets": [f"127.0.0.1:{flower_port}"], "labels": {"job": "flower"}},
@@ -651,6 +710,21 @@ def supervisor_config(
     return "\n".join(lines) + "\n"
 
 
+def supervise_more(table: dict[str, Process], env: dict[str, str], *, log_dir: Path | None) -> None:
+    """Rewrite supervisord's configuration for the grown process table and have it start
+    the processes that are new (`supervisorctl update`: the others keep running)."""
+    config = SUPERVISOR_DIR / "supervisord.conf"
+    config.write_text(supervisor_config(table, env, log_dir=log_dir))
+    subprocess.run(
+        [str(BIN / "supervisorctl"), "-c", str(config), "update"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+
+
 def supervise(table: dict[str, Process], env: dict[str, str], *, log_dir: Path | None):
     """Start supervisord (foreground) over the process table; returns its Popen."""
     SUPERVISOR_DIR.mkdir(parents=True, exist_ok=True)
@@ -675,6 +749,40 @@ def _stop_with_launcher() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def serve_new_nodes(
+    table: dict[str, Process],
+    env: dict[str, str],
+    *,
+    log_dir: Path | None,
+    api_port: int,
+    flower_port: int,
+) -> None:
+    """Start worker pools for nodes added while the platform runs (a node nobody serves
+    would be given work that never starts); `table` grows with them."""
+    nodes = fleet_nodes(env["DATABASE_URL"])
+    if not nodes:
+        return
+    pools = pools_for_new_nodes(table, nodes, limit=local_gpu_pools(env))
+    if not pools:
+        return
+    port = max(p.metrics_port or 0 for p in table.values())
+    for pool in pools:
+        port += 1
+        table[pool.name] = process = pool_process(pool, port=port)
+        directory = process.env.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        log(f"new node(s) {', '.join(pool.nodes)}: starting {pool.name} ({pool.slots} run slots)")
+    try:
+        supervise_more(table, env, log_dir=log_dir)
+    except (subprocess.SubprocessError, OSError) as exc:
+        for pool in pools:  # tried again at the next check
+            del table[pool.name]
+        log(f"could not start the new pools ({exc!r}); retrying")
+        return
+    write_scrape_targets(table, api_port=api_port, flower_port=flower_port)
 
 
 def run_platform(
@@ -723,9 +831,8 @@ def run_platform(
             env, api_port=api_port, flower_port=flower_port, metrics_port_base=metrics_port_base
         )
         prepare_metrics(table, api_port=api_port, flower_port=flower_port)
-        processes["supervisord"] = supervise(
-            table, env, log_dir=DEMO_LOGS if demo_args is not None else None
-        )
+        log_dir = DEMO_LOGS if demo_args is not None else None
+        processes["supervisord"] = supervise(table, env, log_dir=log_dir)
         worker_metrics = [
             f"  Metrics       http://127.0.0.1:{process.metrics_port}/metrics   ({name})"
             for name, process in table.items()
@@ -790,6 +897,9 @@ def run_platform(
                 log(line)
             if time.monotonic() >= next_service_check:  # every 2 s
                 next_service_check = time.monotonic() + 2.0
+                serve_new_nodes(
+                    table, env, log_dir=log_dir, api_port=api_port, flower_port=flower_port
+                )
                 for server in embedded:
                     try:
                         revived = server.revive()

@@ -47,13 +47,20 @@ def _admin_url() -> str:
     return urlunsplit(base._replace(path="/postgres"))
 
 
-def call(url: str, *, key: str = "", body: dict | None = None, timeout: float = 10):
+def call(
+    url: str,
+    *,
+    key: str = "",
+    body: dict | None = None,
+    timeout: float = 10,
+    method: str | None = None,
+):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     data = None
     if body is not None:
         data = json.dumps(body).encode()
         headers.update({"Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex})
-    request = urllib.request.Request(url, data=data, headers=headers)  # noqa: S310
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
             return answer.status, json.loads(answer.read() or b"{}")

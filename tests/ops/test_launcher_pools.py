@@ -1,14 +1,20 @@
 """A fleet of more nodes than `make up` starts GPU-pool workers for on one host
 (GANTRY_LOCAL_GPU_POOLS): the launcher starts that many workers, each serving several
-nodes' queues, and every node is alive and runs jobs."""
+nodes' queues, and every node is alive and runs jobs. A node added while the platform
+runs gets a worker within seconds."""
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
 
 from apps.fleet.liveness import pulses
+from apps.fleet.models import NodeState
+from tests.fleet.factories import NodeFactory
 from tests.ops.launched import call, drop_scratch_database, launched_platform, supervised_pids
 from tests.ops.live_stack import stack_py
 
@@ -84,4 +90,69 @@ def test_more_nodes_than_pools_under_make_up_are_all_alive_and_run_jobs(tmp_path
             time.sleep(0.3)
         assert statuses == ["succeeded"] * 3
         assert {node for nodes in ran_on.values() for node in nodes} == set(DEMO_NODES)
+    drop_scratch_database()
+
+
+def test_nodes_added_later_get_a_worker_each_then_one_for_a_batch_past_the_limit():
+    table = {
+        "worker-control": stack_py.Process(["celery", "--queues", "control"]),
+        "worker-a": stack_py.Process(["celery", "--queues", "node.a"]),
+    }
+    nodes = [("a", 4), ("b", 2), ("c", 1), ("empty", 0)]
+    added = stack_py.pools_for_new_nodes(table, nodes, limit=3)
+    assert [(p.name, p.nodes, p.slots) for p in added] == [
+        ("worker-b", ("b",), 2),
+        ("worker-c", ("c",), 1),
+    ]
+    for pool in added:
+        table[pool.name] = stack_py.pool_process(pool, port=0)
+    assert stack_py.pools_for_new_nodes(table, nodes, limit=3) == []  # all served
+    [batch] = stack_py.pools_for_new_nodes(table, [*nodes, ("d", 8), ("e", 8)], limit=3)
+    assert (batch.name, batch.nodes, batch.slots) == ("worker-added-1", ("d", "e"), 16)
+
+
+@pytest.mark.django_db
+def test_the_launchers_fleet_query_reads_what_manage_py_fleet_nodes_prints():
+    NodeFactory(name="zeta", gpus=2)
+    NodeFactory(name="alpha", gpus=1, gpus__type="A100")
+    NodeFactory(name="gone", gpus=1, state=NodeState.DOWN)
+    printed = io.StringIO()
+    call_command("fleet_nodes", stdout=printed)
+    with connection.cursor() as cursor:
+        cursor.execute(stack_py.FLEET_NODES_SQL)
+        read = [f"{name} {gpus}" for name, gpus in cursor.fetchall()]
+    assert read == printed.getvalue().splitlines() == ["alpha 1", "zeta 2"]
+
+
+def test_a_node_added_through_the_api_while_the_platform_runs_gets_a_worker_and_runs_a_job(
+    tmp_path,
+):
+    with launched_platform(tmp_path) as platform:
+        api, operator = platform.api, platform.operator_key
+        price = {"memory_gb": 16, "price_per_gpu_hour": 500_000}
+        t4 = f"{api}/v1/fleet/gpu-types/T4"
+        assert call(t4, key=operator, body=price, method="PUT")[0] == 201
+        node = {"name": "t4-late", "gpus": [{"type": "T4"}, {"type": "T4"}]}
+        assert call(f"{api}/v1/fleet/nodes", key=operator, body=node)[0] == 201
+
+        status, org = call(f"{api}/v1/orgs", key=operator, body={"name": "acme", "tier": "paid"})
+        assert status == 201, org
+        call(f"{api}/v1/orgs/{org['id']}/projects", key=operator, body={"name": "video"})
+        grant = {"org": org["id"], "amount": 500_000_000, "kind": "paid"}
+        assert call(f"{api}/v1/credits/grants", key=operator, body=grant)[0] == 201
+        tenant = call(f"{api}/v1/api-keys", key=operator, body={"org": org["id"]})[1]["key"]
+        body = {
+            "project": "video",
+            "params": {"prompt": "only a T4 will do", "steps": 8, "step_seconds": 0.25},
+            "resources": {"gpu_count": 2, "gpu_types": ["T4"]},
+            "max_runtime_s": 300,
+        }
+        status, job = call(f"{api}/v1/jobs", key=tenant, body=body)
+        assert status == 202, job
+        deadline = time.monotonic() + 60
+        while call(f"{api}/v1/jobs/{job['id']}", key=tenant)[1]["status"] != "succeeded":
+            assert time.monotonic() < deadline, call(f"{api}/v1/jobs/{job['id']}", key=tenant)
+            time.sleep(0.5)
+        assert "worker-t4-late" in supervised_pids()
+        assert "new node(s) t4-late: starting worker-t4-late" in platform.log_path.read_text()
     drop_scratch_database()
