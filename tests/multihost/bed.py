@@ -208,6 +208,10 @@ def start_postgres(bed: Bed, host: str) -> str:
         "tcp_keepalives_idle": "2",
         "tcp_keepalives_interval": "1",
         "tcp_keepalives_count": "3",
+        # A client cut while the server was sending it an answer is not covered by
+        # keepalives (data is in flight): the kernel would retry for minutes, and the
+        # session keep its row locks (a job's, which the reaper then waits for).
+        "tcp_user_timeout": "5000",
     }
     flags = [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]
     server = bed.start(host, "postgres", [*as_pg, str(POSTGRES_BIN_PATH / "postgres"), "-D",
