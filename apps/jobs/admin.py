@@ -82,7 +82,7 @@ class JobAdmin(admin.ModelAdmin):
         "cancel_requested",
         ("created_at", admin.DateFieldListFilter),
     )
-    search_fields = ("id", "org__name", "project__name", "fingerprint")
+    search_fields = ("id", "org__name", "project__name", "fingerprint")  # the box; see below
     search_help_text = (
         "A job, hold, org or project id; an org or project name, or part of one; a fingerprint."
     )
@@ -292,7 +292,8 @@ class OrgOverviewAdmin(LedgerOrgAdmin):
 
 def _charged_of_job():
     """What the job's attempts were charged so far (micro-credits), as a subquery."""
-    attempts = Attempt.objects.filter(job=OuterRef("pk")).values("job")
+    # No ordering: an attempt's (by job) would join each summed row to its job.
+    attempts = Attempt.objects.filter(job=OuterRef("pk")).order_by().values("job")
     return attempts.annotate(total=Sum("charged")).values("total")
 
 
