@@ -322,6 +322,7 @@ class Process:
     argv: list[str]
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     metrics_port: int | None = None
+    nodes: tuple[str, ...] = ()  # a GPU-pool worker: the nodes whose queues it consumes
 
 
 def metrics_env(name: str, *, port: int | None = None, processes: int = 2) -> dict[str, str]:
@@ -435,6 +436,7 @@ def pool_process(pool: GpuPool, *, port: int) -> Process:
         gpu_pool_worker(str(BIN / "celery"), pool.nodes, pool.slots, hostname=pool.hostname),
         metrics_env(pool.name, port=port, processes=1),  # threads: one process
         port,
+        pool.nodes,
     )
 
 
@@ -463,16 +465,11 @@ def pools_for_new_nodes(
     """Worker pools for the nodes of `nodes` that no worker of `table` serves (added
     through the operator API or the admin while the platform runs): one per node while
     the table has fewer than `limit` GPU-pool workers, else one for all of them."""
-    served = {
-        queue.removeprefix("node.")
-        for process in table.values()
-        if "--queues" in process.argv
-        for queue in process.argv[process.argv.index("--queues") + 1].split(",")
-    }
+    served = {node for process in table.values() for node in process.nodes}
     new = [(name, gpus) for name, gpus in nodes if name not in served and gpus]
     if not new:
         return []
-    workers = sum(1 for name in table if name.startswith("worker-") and name != "worker-control")
+    workers = sum(1 for process in table.values() if process.nodes)
     if workers + len(new) <= limit:
         return [GpuPool(f"worker-{name}", f"{name}@%h", (name,), gpus) for name, gpus in new]
     number = 1 + sum(1 for name in table if name.startswith("worker-added-"))
@@ -598,18 +595,8 @@ def gpu_pool_worker(
 
 
 def node_queues(env: dict[str, str]) -> list[tuple[str, int]]:
-    """(node name, GPU count) for each node of the configured fleet, read via Django."""
-    out = subprocess.run(
-        [sys.executable, "manage.py", "fleet_nodes"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode:
-        return []
-    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
-    return [(name, int(gpus)) for name, gpus in rows]
+    """(node name, GPU count) for each node of the configured fleet ([] if unreadable)."""
+    return fleet_nodes(env["DATABASE_URL"]) or []
 
 
 DEMO_LOGS = DATA / "logs"

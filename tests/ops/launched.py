@@ -70,6 +70,17 @@ def call(
         return 0, {}  # not answering (yet)
 
 
+def funded_tenant_key(platform: Platform) -> str:
+    """A key of a new paid org, "acme", with a project "video" and 500 credits."""
+    api, operator = platform.api, platform.operator_key
+    status, org = call(f"{api}/v1/orgs", key=operator, body={"name": "acme", "tier": "paid"})
+    assert status == 201, org
+    call(f"{api}/v1/orgs/{org['id']}/projects", key=operator, body={"name": "video"})
+    grant = {"org": org["id"], "amount": 500_000_000, "kind": "paid"}
+    assert call(f"{api}/v1/credits/grants", key=operator, body=grant)[0] == 201
+    return call(f"{api}/v1/api-keys", key=operator, body={"org": org["id"]})[1]["key"]
+
+
 def supervised_pids(conf: Path = SUPERVISOR_CONF) -> dict[str, int]:
     """Program name -> pid of the platform's running processes (supervisorctl status)."""
     out = subprocess.run(

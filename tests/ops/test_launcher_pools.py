@@ -15,7 +15,13 @@ from django.db import connection
 from apps.fleet.liveness import pulses
 from apps.fleet.models import NodeState
 from tests.fleet.factories import NodeFactory
-from tests.ops.launched import call, drop_scratch_database, launched_platform, supervised_pids
+from tests.ops.launched import (
+    call,
+    drop_scratch_database,
+    funded_tenant_key,
+    launched_platform,
+    supervised_pids,
+)
 from tests.ops.live_stack import stack_py
 
 pytestmark = pytest.mark.e2e
@@ -57,12 +63,7 @@ def test_more_nodes_than_pools_under_make_up_are_all_alive_and_run_jobs(tmp_path
             assert time.monotonic() < deadline, pulses(list(DEMO_NODES))
             time.sleep(0.5)
 
-        status, org = call(f"{api}/v1/orgs", key=operator, body={"name": "acme", "tier": "paid"})
-        assert status == 201, org
-        call(f"{api}/v1/orgs/{org['id']}/projects", key=operator, body={"name": "video"})
-        grant = {"org": org["id"], "amount": 500_000_000, "kind": "paid"}
-        assert call(f"{api}/v1/credits/grants", key=operator, body=grant)[0] == 201
-        tenant = call(f"{api}/v1/api-keys", key=operator, body={"org": org["id"]})[1]["key"]
+        tenant = funded_tenant_key(platform)
         # One job for each node: H100 (h100-1), 4 A100s (a100-1), 2 A100s (a100-2, best fit).
         shapes = [("H100", 1), ("A100", 4), ("A100", 2)]
         job_ids = []
@@ -96,7 +97,7 @@ def test_more_nodes_than_pools_under_make_up_are_all_alive_and_run_jobs(tmp_path
 def test_nodes_added_later_get_a_worker_each_then_one_for_a_batch_past_the_limit():
     table = {
         "worker-control": stack_py.Process(["celery", "--queues", "control"]),
-        "worker-a": stack_py.Process(["celery", "--queues", "node.a"]),
+        "worker-a": stack_py.Process(["celery", "--queues", "node.a"], nodes=("a",)),
     }
     nodes = [("a", 4), ("b", 2), ("c", 1), ("empty", 0)]
     added = stack_py.pools_for_new_nodes(table, nodes, limit=3)
@@ -135,12 +136,7 @@ def test_a_node_added_through_the_api_while_the_platform_runs_gets_a_worker_and_
         node = {"name": "t4-late", "gpus": [{"type": "T4"}, {"type": "T4"}]}
         assert call(f"{api}/v1/fleet/nodes", key=operator, body=node)[0] == 201
 
-        status, org = call(f"{api}/v1/orgs", key=operator, body={"name": "acme", "tier": "paid"})
-        assert status == 201, org
-        call(f"{api}/v1/orgs/{org['id']}/projects", key=operator, body={"name": "video"})
-        grant = {"org": org["id"], "amount": 500_000_000, "kind": "paid"}
-        assert call(f"{api}/v1/credits/grants", key=operator, body=grant)[0] == 201
-        tenant = call(f"{api}/v1/api-keys", key=operator, body={"org": org["id"]})[1]["key"]
+        tenant = funded_tenant_key(platform)
         body = {
             "project": "video",
             "params": {"prompt": "only a T4 will do", "steps": 8, "step_seconds": 0.25},
