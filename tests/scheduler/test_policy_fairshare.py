@@ -1,5 +1,6 @@
 """Fair share: weights, FIFO within a user, decayed usage, aging, floors and ceilings."""
 
+import math
 from collections import Counter
 
 import pytest
@@ -160,6 +161,29 @@ def test_a_tier_below_its_floor_is_served_first():
     queue.append(job("free-job", tier="free", org="f", submitted_at=50.0))
     decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
     assert [d.job_id for d in decisions] == ["free-job"]
+
+
+def test_a_floor_is_a_share_over_time_so_a_burst_of_a_higher_tier_comes_first():
+    # The same fleet, but free has had two GPUs over the last half-hour (its decayed
+    # usage): it holds nothing now, yet is not below its floor (0.8 GPU) lately, by the
+    # load fair share compares. So the freed GPU goes to paid's older job, as strict
+    # priority would give it in a burst; once free has gone without for long, its
+    # floor serves it first again.
+    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
+    running = [allocation("a", fleet[0], range(8), tier="paid", org="p")]
+    running.append(allocation("b", fleet[1], range(7), tier="paid", org="p"))
+    queue = [job("paid-job", tier="paid", org="p", submitted_at=0.0)]
+    queue.append(job("free-job", tier="free", org="f", submitted_at=50.0))
+    half_life = PolicyConfig().usage_half_life_s
+
+    def first_placed(free_gpus_lately: float) -> str:
+        decayed = free_gpus_lately * half_life / math.log(2)
+        usage = UsageSnapshot(by_tier={"free": decayed}, by_org={"f": decayed})
+        decisions = schedule(snapshot(fleet, queue, running=running, usage=usage, now=60.0))
+        return decisions[0].job_id
+
+    assert first_placed(2.0) == "paid-job"
+    assert first_placed(0.5) == "free-job"
 
 
 def test_a_tier_never_exceeds_its_ceiling_with_jobs_that_cannot_be_preempted():

@@ -16,8 +16,10 @@ At each level the child with the lowest *priority key* goes next:
   wait grows, so a job that keeps waiting eventually outranks every job submitted after
   it: no job, org or tier starves. Meanwhile an entity with nothing running sees its
   decayed usage shrink, which lifts it too.
-- A tier holding less than its guaranteed floor is served before any tier at or above
-  its own floor.
+- A tier below its guaranteed floor, both in GPUs held now and in its load (the blend
+  above), is served before any tier at or above its own floor: a tier that had its
+  floor lately yields to a burst of the tiers above it; one kept below it for long
+  comes first.
 - Within a tier (`PolicyConfig.within_tier_fifo`), orgs whose entitlement
   (`Entitlements`: max-min, by weight, capped by demand) covers all they want and what
   they used lately go first, oldest job first, as strict priority would serve the
@@ -510,7 +512,11 @@ class FairShareQueue:
 
     def _tier_key(self, tier: _Tier) -> tuple:
         oldest = _oldest_org(tier).oldest
-        below_floor = self._running_by_tier.get(tier.name, 0) < self._floor_gpus[tier.name]
+        # Below its floor both now and lately (its load): a tier that had its floor
+        # lately does not take every GPU freed in a burst of the tiers above it, and one
+        # that holds its floor now is not served first for having had little before.
+        floor = self._floor_gpus[tier.name]
+        below_floor = self._running_by_tier.get(tier.name, 0) < floor and tier.load < floor
         return (
             0 if below_floor else 1,
             self._aged(tier.load / tier.fair, oldest, self._tier_aging),
