@@ -151,39 +151,39 @@ def test_aging_lifts_a_starved_free_job():
     assert [d.job_id for d in unaged][:1] == ["fresh"]
 
 
-def test_a_tier_below_its_floor_is_served_first():
-    # Paid holds most of the fleet; free holds nothing and is below its 5 % floor, so the
-    # one free GPU goes to free although paid's job is older and its weight higher.
+def placed_first_on_a_paid_fleet_with_one_gpu_free(usage: UsageSnapshot | None = None) -> str:
+    """Paid holds 15 of 16 GPUs and queues the older job; free holds nothing and queues
+    one job: which of the two gets the free GPU."""
     fleet = [node("n0", gpus=8), node("n1", gpus=8)]
     running = [allocation("a", fleet[0], range(8), tier="paid", org="p")]
     running.append(allocation("b", fleet[1], range(7), tier="paid", org="p"))
     queue = [job("paid-job", tier="paid", org="p", submitted_at=0.0)]
     queue.append(job("free-job", tier="free", org="f", submitted_at=50.0))
-    decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
-    assert [d.job_id for d in decisions] == ["free-job"]
+    usage = usage or UsageSnapshot()
+    decisions = schedule(snapshot(fleet, queue, running=running, usage=usage, now=60.0))
+    assert len(decisions) == 1
+    return decisions[0].job_id
+
+
+def test_a_tier_below_its_floor_is_served_first():
+    # Free holds nothing and has had nothing lately: below its 5 % floor, so the one
+    # free GPU goes to free although paid's job is older and its weight higher.
+    assert placed_first_on_a_paid_fleet_with_one_gpu_free() == "free-job"
 
 
 def test_a_floor_is_a_share_over_time_so_a_burst_of_a_higher_tier_comes_first():
-    # The same fleet, but free has had two GPUs over the last half-hour (its decayed
-    # usage): it holds nothing now, yet is not below its floor (0.8 GPU) lately, by the
-    # load fair share compares. So the freed GPU goes to paid's older job, as strict
-    # priority would give it in a burst; once free has gone without for long, its
-    # floor serves it first again.
-    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
-    running = [allocation("a", fleet[0], range(8), tier="paid", org="p")]
-    running.append(allocation("b", fleet[1], range(7), tier="paid", org="p"))
-    queue = [job("paid-job", tier="paid", org="p", submitted_at=0.0)]
-    queue.append(job("free-job", tier="free", org="f", submitted_at=50.0))
+    # Free has had two GPUs over the last half-hour (its decayed usage): it holds nothing
+    # now, yet is not below its floor (0.8 GPU) lately, by the load fair share compares.
+    # So the freed GPU goes to paid's older job, as strict priority would give it in a
+    # burst; once free has gone without for long, its floor serves it first again.
     half_life = PolicyConfig().usage_half_life_s
 
-    def first_placed(free_gpus_lately: float) -> str:
-        decayed = free_gpus_lately * half_life / math.log(2)
-        usage = UsageSnapshot(by_tier={"free": decayed}, by_org={"f": decayed})
-        decisions = schedule(snapshot(fleet, queue, running=running, usage=usage, now=60.0))
-        return decisions[0].job_id
+    def had_lately(gpus: float) -> UsageSnapshot:
+        decayed = gpus * half_life / math.log(2)
+        return UsageSnapshot(by_tier={"free": decayed}, by_org={"f": decayed})
 
-    assert first_placed(2.0) == "paid-job"
-    assert first_placed(0.5) == "free-job"
+    assert placed_first_on_a_paid_fleet_with_one_gpu_free(had_lately(2.0)) == "paid-job"
+    assert placed_first_on_a_paid_fleet_with_one_gpu_free(had_lately(0.5)) == "free-job"
 
 
 def test_a_tier_never_exceeds_its_ceiling_with_jobs_that_cannot_be_preempted():
