@@ -96,6 +96,17 @@ def supervised_pids(conf: Path = SUPERVISOR_CONF) -> dict[str, int]:
     return pids
 
 
+def supervised_once_running(names: set[str], *, timeout: float = 30.0) -> dict[str, int]:
+    """`supervised_pids()` once every program of `names` is RUNNING: supervisord reports a
+    program STARTING for its first second, longer on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while not names <= (pids := supervised_pids()).keys():
+        missing = names - pids.keys()
+        assert time.monotonic() < deadline, f"not RUNNING after {timeout:.0f} s: {missing}"
+        time.sleep(0.2)
+    return pids
+
+
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
     with launched_platform(tmp_path_factory.mktemp("platform")) as running:

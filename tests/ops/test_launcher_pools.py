@@ -20,7 +20,7 @@ from tests.ops.launched import (
     drop_scratch_database,
     funded_tenant_key,
     launched_platform,
-    supervised_pids,
+    supervised_once_running,
 )
 from tests.ops.live_stack import stack_py
 
@@ -56,8 +56,9 @@ def test_up_to_the_limit_each_node_has_its_own_worker_and_every_pool_gets_a_node
 def test_more_nodes_than_pools_under_make_up_are_all_alive_and_run_jobs(tmp_path):
     with launched_platform(tmp_path, extra_env={"GANTRY_LOCAL_GPU_POOLS": "2"}) as platform:
         api, operator = platform.api, platform.operator_key
-        workers = {name for name in supervised_pids() if name.startswith("worker-")}
-        assert workers == {"worker-control", "worker-pool-1", "worker-pool-2"}
+        expected = {"worker-control", "worker-pool-1", "worker-pool-2"}
+        workers = {name for name in supervised_once_running(expected) if name.startswith("worker-")}
+        assert workers == expected
         deadline = time.monotonic() + 30
         while set(pulses(list(DEMO_NODES))) != set(DEMO_NODES):
             assert time.monotonic() < deadline, pulses(list(DEMO_NODES))
@@ -149,6 +150,6 @@ def test_a_node_added_through_the_api_while_the_platform_runs_gets_a_worker_and_
         while call(f"{api}/v1/jobs/{job['id']}", key=tenant)[1]["status"] != "succeeded":
             assert time.monotonic() < deadline, call(f"{api}/v1/jobs/{job['id']}", key=tenant)
             time.sleep(0.5)
-        assert "worker-t4-late" in supervised_pids()
+        assert "worker-t4-late" in supervised_once_running({"worker-t4-late"})
         assert "new node(s) t4-late: starting worker-t4-late" in platform.log_path.read_text()
     drop_scratch_database()

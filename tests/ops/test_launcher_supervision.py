@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.ops.launched import PYTHON, call, supervised_pids
+from tests.ops.launched import PYTHON, call, supervised_once_running, supervised_pids
 from tests.worker_harness import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -52,7 +52,7 @@ def test_a_killed_gpu_worker_and_beat_come_back_and_every_job_settles_exactly(pl
         assert status == 202, job
         job_ids.append(job["id"])
     time.sleep(3)  # some are running on h100-1 now
-    before = supervised_pids()
+    before = supervised_once_running({"worker-h100-1", "beat"})
     killed_at = time.monotonic()
     for name in ("worker-h100-1", "beat"):
         os.kill(before[name], signal.SIGKILL)
