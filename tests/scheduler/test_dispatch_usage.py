@@ -69,6 +69,24 @@ def test_an_attempt_that_never_started_records_nothing():
     assert not UsageAccount.objects.exists()
 
 
+def test_the_snapshot_reads_the_median_and_the_late_runtime_ratio_of_recent_attempts():
+    # Four jobs ran 20, 40, 60 and 80 % of their max runtime and succeeded: start
+    # estimates expect the median (50 %), the preemption hold-back the 75th percentile.
+    NodeFactory(gpus=4)
+    jobs = [JobFactory(max_runtime_s=100) for _ in range(4)]
+    run_dispatch_tick()
+    for job, ran in zip(jobs, (20, 40, 60, 80), strict=True):
+        attempt = start_attempt(live_attempt(job), ran_for_s=ran)
+        Attempt.objects.filter(pk=attempt.pk).update(
+            finished_at=attempt.started_at + timedelta(seconds=ran), exit_class="succeeded"
+        )
+
+    cluster = build_snapshot().cluster
+
+    assert cluster.runtime_ratio == pytest.approx(0.5, abs=0.01)
+    assert cluster.late_runtime_ratio == pytest.approx(0.65, abs=0.01)
+
+
 def _sample(name, labels=None):
     return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 

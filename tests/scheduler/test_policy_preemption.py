@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 from apps.scheduler.policy import Place, PolicyConfig, Preempt, schedule
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
@@ -245,22 +247,63 @@ def test_paid_does_not_preempt_a_free_job_expected_to_end_within_its_hold_back()
     assert preempts(run([lasting], queue, config))[0].node == "free-node"
 
 
+def hold_back_snapshot(queue, on, held, *, late_runtime_ratio: float, config=NO_FLOORS):
+    shot = snapshot([on], queue, running=[held], now=NOW, config=config)
+    return replace(shot, runtime_ratio=0.5, late_runtime_ratio=late_runtime_ratio)
+
+
 def test_paid_is_not_held_back_by_a_free_job_past_its_typical_end():
-    # At the observed ratio (half its max runtime) the free job should have ended 100 s
+    # At the late ratio (half its max runtime) the free job should have ended 100 s
     # ago; what bounds it now is its max runtime, 10 minutes away: paid preempts.
-    config = PolicyConfig(tier_floors=NO_FLOORS.tier_floors)
-    threshold = config.preemption_wait_s["paid"]
+    threshold = NO_FLOORS.preemption_wait_s["paid"]
     queue = [job("p", tier="paid", org="p", gpus=8, submitted_at=NOW - threshold - 1)]
     on, overdue = full_node("free-node", "free", started_at=NOW - 700, max_runtime_s=1300)
-    decisions = schedule(
-        replace(snapshot([on], queue, running=[overdue], now=NOW, config=config), runtime_ratio=0.5)
-    )
+    decisions = schedule(hold_back_snapshot(queue, on, overdue, late_runtime_ratio=0.5))
     assert preempts(decisions)[0].node == "free-node"
 
 
-def test_enterprise_is_never_held_back_by_an_expected_end():
-    ending = full_node("free-node", "free", started_at=NOW - 100, max_runtime_s=110)
-    assert preempts(run([ending], [enterprise_job()]))[0].node == "free-node"
+def test_the_hold_back_expects_jobs_to_end_late_not_typically():
+    # The free job, 100 s in with a max runtime of 220 s, ends 10 s from now at the
+    # median ratio (0.5), within paid's minute; but one in four recent jobs ran 90 % of
+    # theirs, and by that it ends 98 s from now: paid does not wait on it.
+    threshold = NO_FLOORS.preemption_wait_s["paid"]
+    queue = [job("p", tier="paid", org="p", gpus=8, submitted_at=NOW - threshold - 1)]
+    on, held = full_node("free-node", "free", started_at=NOW - 100, max_runtime_s=220)
+    at_median = schedule(hold_back_snapshot(queue, on, held, late_runtime_ratio=0.5))
+    assert preempts(at_median) == []
+    late = schedule(hold_back_snapshot(queue, on, held, late_runtime_ratio=0.9))
+    assert preempts(late)[0].node == "free-node"
+
+
+def test_enterprise_waits_only_for_gpus_expected_within_seconds_and_only_seconds():
+    # The free job, 100 s in, is expected to end 2 s from now at the late ratio (half
+    # its max runtime): within enterprise's 3 s hold-back, less than a victim's 5 s
+    # grace, though its max runtime runs for 100 s more. Enterprise, 1 s past its 3 s
+    # threshold, waits for it; a job expected to run 10 s more is preempted; and once
+    # enterprise has waited its hold-back limit past its threshold, it waits no more.
+    config = PolicyConfig()
+    threshold = config.preemption_wait_s["enterprise"]
+    hold_back = config.preemption_hold_back_s["enterprise"]
+    limit = config.preemption_hold_back_limit_s["enterprise"]
+    assert hold_back is not None and hold_back < config.preemption_grace_s
+    assert limit is not None
+
+    def decisions(expected_in_s: float, waited: float):
+        on, held = full_node(
+            "free-node", "free", started_at=NOW - 100, max_runtime_s=2 * (100 + expected_in_s)
+        )
+        urgent = enterprise_job(waited=waited)
+        return schedule(hold_back_snapshot([urgent], on, held, late_runtime_ratio=0.5))
+
+    assert preempts(decisions(2.0, waited=threshold + 1)) == []
+    assert preempts(decisions(10.0, waited=threshold + 1))[0].node == "free-node"
+    assert preempts(decisions(2.0, waited=threshold + limit + 1))[0].node == "free-node"
+
+
+def test_a_hold_back_limit_must_not_be_negative():
+    limits = {"enterprise": -1.0, "paid": None, "free": None}
+    with pytest.raises(ValueError, match=r"preemption_hold_back_limit_s\.enterprise"):
+        PolicyConfig(preemption_hold_back_limit_s=limits)
 
 
 def test_an_org_already_holding_its_fair_share_does_not_preempt():

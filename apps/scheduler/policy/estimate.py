@@ -53,7 +53,8 @@ def typical_end(
 ) -> float:
     """When the allocation is expected to give its GPUs back: after `stop_delay_s` if it
     is stopping, else at its start plus `runtime_ratio` of its max runtime (never
-    before `now`). The one expectation the estimates and the preemption hold-back share;
+    before `now`). The one expectation the estimates (at the median ratio) and the
+    preemption hold-back (at the late one, `ClusterSnapshot.late_runtime_ratio`) share;
     placement and reservations keep the max runtime, which bounds rather than expects.
     With `bound_overdue` (the hold-back), a job already past that typical end is bounded
     only by its max runtime: counted as ending now, every overdue long job looked about to

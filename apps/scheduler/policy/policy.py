@@ -629,7 +629,7 @@ class _DispatchRound:
             if past_threshold
             else self.config.preemption_grace_s  # a reclaim
         )
-        if hold_back_s is not None:
+        if hold_back_s is not None and self._may_still_hold_back(job, past_threshold):
             expected = self._expected_free_for(job, types)
             if expected <= self.now + hold_back_s:
                 self.held_back[job.id] = expected  # explained with the job's reason
@@ -667,6 +667,15 @@ class _DispatchRound:
         self._preempt(job, choice)
         return True
 
+    def _may_still_hold_back(self, job: QueuedJob, past_threshold: bool) -> bool:
+        """Whether the job's preemption may still be held back: a tier with a
+        `preemption_hold_back_limit_s` holds back only that long past its threshold."""
+        limit = self.config.preemption_hold_back_limit_s[job.tier] if past_threshold else None
+        if limit is None:
+            return True
+        threshold = self.config.preemption_wait_s[job.tier] or 0.0
+        return self.now - job.submitted_at < threshold + limit
+
     def _expected_free_for(self, job: QueuedJob, types) -> float:
         """When GPUs for `job` are expected to be free by themselves: on any unreserved
         pool of its types (`_expected_free_by`) or on the pool it holds a drain on."""
@@ -679,10 +688,11 @@ class _DispatchRound:
 
     def _expected_free_by(self, types, count: int) -> float:
         """When `count` GPUs of one of these types are expected to be free together on
-        one node by themselves: the running jobs' ends at the observed runtime ratio
-        (typical jobs end well before their max_runtime_s). Preempting a job about to
-        end loses work for nothing. Only holds preemption back; placement and
-        reservations keep using max_runtime_s."""
+        one node by themselves: the running jobs' ends at the late runtime ratio (most
+        jobs end well before their max_runtime_s; counting them at the median, half of
+        them late, some node of a large fleet always looked about to free up).
+        Preempting a job about to end loses work for nothing. Only holds preemption
+        back; placement and reservations keep using max_runtime_s."""
         key = (types, count)
         known = self._expected_free.get(key)
         if known is not None:
@@ -715,7 +725,7 @@ class _DispatchRound:
                 end = typical_end(
                     allocation,
                     now=self.now,
-                    runtime_ratio=self.snapshot.runtime_ratio,
+                    runtime_ratio=self.snapshot.late_runtime_ratio,
                     stop_delay_s=self.config.preemption_grace_s,
                     bound_overdue=True,
                 )

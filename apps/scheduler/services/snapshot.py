@@ -102,7 +102,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         org_ids = {job.org for job in queued} | {a.org for a in running}
         org_weights = _org_weights(org_ids)
         usage = _usage(db_now, held_by_owner, config)
-        runtime_ratio = _runtime_ratio()
+        runtime_ratio, late_runtime_ratio = _runtime_ratios()
     cluster = ClusterSnapshot(
         now=now,
         gpu_types=gpu_types,
@@ -114,6 +114,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         config=config,
         backlog=backlog,
         runtime_ratio=runtime_ratio,
+        late_runtime_ratio=late_runtime_ratio,
     )
     return DispatchSnapshot(
         cluster=cluster, db_now=db_now, queue_depth=depth, queued_loaded=len(queued)
@@ -123,7 +124,8 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
 # The median share of max_runtime_s that recent successful attempts ran (start-time
 # estimates expect a job to run that long); 1.0 while nothing finished lately.
 _RUNTIME_RATIO_SQL = f"""
-SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio) FROM (
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio),
+       percentile_cont(0.75) WITHIN GROUP (ORDER BY ratio) FROM (
     SELECT extract(epoch FROM a.finished_at - a.started_at) / greatest(j.max_runtime_s, 1)
            AS ratio
       FROM {Attempt._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
@@ -135,9 +137,12 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio) FROM (
 """  # noqa: S608 (table names from model metadata)
 
 
-def _runtime_ratio() -> float:
-    (ratio,) = _rows(_RUNTIME_RATIO_SQL)[0]
-    return 1.0 if ratio is None else min(1.0, max(0.01, float(ratio)))
+def _runtime_ratios() -> tuple[float, float]:
+    """The median and the 75th percentile share of max_runtime_s recent attempts ran."""
+    return tuple(  # type: ignore[return-value]
+        1.0 if ratio is None else min(1.0, max(0.01, float(ratio)))
+        for ratio in _rows(_RUNTIME_RATIO_SQL)[0]
+    )
 
 
 def _org_weights(org_ids: set[str]) -> dict[str, float]:

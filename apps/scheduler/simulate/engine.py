@@ -430,12 +430,13 @@ class Simulation:
         self._window_sums = {}
         self._window_ticks = 0
 
-    def runtime_ratio(self) -> float:
-        """The median share of max_runtime_s that recently finished jobs ran (1.0 at first)."""
+    def runtime_ratio(self, quantile: float = 0.5) -> float:
+        """The share of max_runtime_s that recently finished jobs ran, at this quantile
+        (the median by default; 1.0 before any job finished), as the dispatcher reads it."""
         ratios = self.runtime_ratios
         if not ratios:
             return 1.0
-        return sorted(ratios)[len(ratios) // 2]
+        return sorted(ratios)[min(len(ratios) - 1, int(len(ratios) * quantile))]
 
     def _integrate(self, at: float) -> None:
         if at > self._clock:
@@ -474,6 +475,7 @@ class Simulation:
             config=self.config,
             backlog=backlog,
             runtime_ratio=self.runtime_ratio(),
+            late_runtime_ratio=self.runtime_ratio(0.75),
         )
 
     def _queue_window(self) -> tuple[list[QueuedJob], dict[tuple[str, str], QueueBacklog]]:
