@@ -341,7 +341,9 @@ GANTRY_USAGE_HALF_LIFE_S = env.float("GANTRY_USAGE_HALF_LIFE_S", default=1800.0)
 GANTRY_DISPATCH_DECISION_RETENTION_DAYS = env.int(
     "GANTRY_DISPATCH_DECISION_RETENTION_DAYS", default=30
 )
-# Other knobs of apps.scheduler.policy.PolicyConfig, by name (e.g. {"max_reservations": 8});
+# Other knobs of apps.scheduler.policy.PolicyConfig, by name (e.g. {"scan_budget": 800,
+# "tier_floors": {"free": 0.1}}: a per-tier knob may name only the tiers it changes; a
+# wrong knob stops `manage.py migrate`/`check` with its name, gantry.E001);
 # how much of the queue a tick reads is queue_window_jobs / queue_depth_per_user /
 # queue_window_max_jobs there.
 GANTRY_POLICY = env.json("GANTRY_POLICY", default={})

@@ -354,6 +354,11 @@ def test_a_policy_option_changes_the_fair_policy_and_a_bad_one_is_refused(capsys
     assert "bad policy option" in capsys.readouterr().err
     assert main([*base, "--policy-option", "reclaim_wait_s=-1"]) == 2
     assert "reclaim_wait_s" in capsys.readouterr().err
+    # A per-tier knob may name only the tiers it changes; an unknown tier is refused.
+    assert main([*base, "--policy-option", 'preemption_wait_s={"enterprise": null}']) == 0
+    capsys.readouterr()
+    assert main([*base, "--policy-option", 'tier_floors={"gold": 0.1}']) == 2
+    assert "unknown tier(s) ['gold']" in capsys.readouterr().err
 
 
 def test_the_queue_is_explained_as_often_as_the_dispatcher_publishes_it_and_decides_the_same():

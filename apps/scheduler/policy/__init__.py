@@ -14,7 +14,7 @@ best-fit, reservations and backfill, `preemption.py` for victims and entitlement
 `usage.py` for decayed usage.
 """
 
-from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig
+from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig, policy_with
 from .fairshare import FairShareQueue, Pick, RunningGpus, water_fill
 from .gc_pause import garbage_collector_paused
 from .placement import CapacityIndex, Pool, Reservation
@@ -78,6 +78,7 @@ __all__ = [
     "garbage_collector_paused",
     "is_victim_candidate",
     "listed_users",
+    "policy_with",
     "queue_window",
     "schedule",
     "schedule_round",

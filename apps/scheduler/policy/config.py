@@ -35,6 +35,7 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -268,3 +269,42 @@ class PolicyConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0")
+
+
+# The knobs that map each tier to a value: an override may name only some tiers.
+TIER_KNOBS = (
+    "tier_weights",
+    "tier_floors",
+    "tier_ceilings",
+    "preemption_wait_s",
+    "preemption_hold_back_s",
+    "preemption_hold_back_limit_s",
+)
+
+
+def policy_with(
+    overrides: Mapping[str, object], *, base: PolicyConfig | None = None
+) -> PolicyConfig:
+    """`base` (the defaults) with `overrides` applied, as `GANTRY_POLICY` and the
+    simulator's `--policy-option` give them: a per-tier knob may name only the tiers it
+    changes, the others keep their values. Raises ValueError naming the knob for an
+    unknown knob or tier, a value of the wrong type or one out of its range."""
+    base = base or PolicyConfig()
+    known = {f.name for f in dataclasses.fields(PolicyConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown policy knob(s) {unknown}; the knobs: {sorted(known)}")
+    changes = {}
+    for name, value in overrides.items():
+        if name in TIER_KNOBS:
+            if not isinstance(value, Mapping):
+                raise ValueError(f'{name}: a JSON object of tiers, e.g. {{"free": ...}}')
+            strange = sorted(set(value) - set(TIERS))
+            if strange:
+                raise ValueError(f"{name}: unknown tier(s) {strange}; the tiers: {list(TIERS)}")
+            value = {**getattr(base, name), **value}
+        changes[name] = value
+    try:
+        return dataclasses.replace(base, **changes)
+    except TypeError as exc:  # a string where a number belongs, and the like
+        raise ValueError(f"policy knobs {sorted(changes)}: {exc}") from None

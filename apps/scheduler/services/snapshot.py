@@ -29,7 +29,6 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from apps.accounts.models import Org
@@ -37,6 +36,7 @@ from apps.fleet import liveness
 from apps.fleet.models import Gpu, GpuType, Node
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobStatus
 from apps.jobs.selectors import nodes_to_avoid
+from apps.scheduler.checks import configured_policy
 from apps.scheduler.models import NodeClaim, UsageScope
 from apps.scheduler.policy import (
     ClusterSnapshot,
@@ -67,9 +67,7 @@ class DispatchSnapshot:
 
 def policy_config() -> PolicyConfig:
     """The policy's knobs from settings (half-life and any GANTRY_POLICY overrides)."""
-    options = dict(settings.GANTRY_POLICY or {})
-    options.setdefault("usage_half_life_s", float(settings.GANTRY_USAGE_HALF_LIFE_S))
-    return PolicyConfig(**options)
+    return configured_policy()
 
 
 @garbage_collector_paused()  # tens of thousands of rows become objects, none in a cycle

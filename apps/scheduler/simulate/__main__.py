@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from apps.scheduler.policy import PolicyConfig
+from apps.scheduler.policy import PolicyConfig, policy_with
 
 from .engine import EXPLAIN_EVERY_S
 from .runner import POLICIES, SCENARIOS, run_scenario
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup_s=args.warmup,
             queue_quota=args.queue_quota,
             out_dir=args.out,
-            config=PolicyConfig(**dict(args.policy_option)),
+            config=policy_with(dict(args.policy_option)),
             explain_every_s=args.explain_every,
         )
     except (ValueError, TypeError, OSError) as exc:

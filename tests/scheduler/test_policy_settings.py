@@ -1,0 +1,48 @@
+"""The policy's knobs as operators set them: GANTRY_POLICY, checked at start-up."""
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from apps.scheduler.policy import PolicyConfig, policy_with
+from apps.scheduler.services.snapshot import policy_config
+
+
+def test_a_per_tier_knob_may_name_only_the_tiers_it_changes():
+    defaults = PolicyConfig()
+    config = policy_with({"tier_floors": {"free": 0.1}, "scan_budget": 100})
+    assert config.tier_floors == {**defaults.tier_floors, "free": 0.1}
+    assert config.scan_budget == 100
+    assert config.tier_weights == defaults.tier_weights
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"max_reservations": 8}, "max_reservations"),
+        ({"tier_floors": {"gold": 0.1}}, "gold"),
+        ({"tier_floors": 0.1}, "tier_floors"),
+        ({"tier_weights": {"free": "heavy"}}, "tier_weights"),
+        ({"tier_floors": {"free": 0.9}}, "floor <= ceiling"),
+        ({"preemption_hold_back_limit_s": {"paid": -5}}, "preemption_hold_back_limit_s.paid"),
+    ],
+)
+def test_a_wrong_knob_is_refused_by_name(overrides, named):
+    with pytest.raises(ValueError, match=named):
+        policy_with(overrides)
+
+
+def test_the_dispatcher_reads_gantry_policy_over_the_defaults(settings):
+    settings.GANTRY_POLICY = {"preemption_wait_s": {"paid": 30.0}}
+    settings.GANTRY_USAGE_HALF_LIFE_S = 900
+    config = policy_config()
+    assert config.preemption_wait_s == {**PolicyConfig().preemption_wait_s, "paid": 30.0}
+    assert config.usage_half_life_s == 900.0
+
+
+def test_a_wrong_gantry_policy_stops_the_start_up_checks_with_the_knobs_name(settings):
+    settings.GANTRY_POLICY = {"max_reservations": 8}
+    with pytest.raises(SystemCheckError, match=r"gantry\.E001.*max_reservations"):
+        call_command("check")
+    settings.GANTRY_POLICY = {"tier_floors": {"free": 0.1}}
+    call_command("check")
