@@ -50,6 +50,17 @@ def _tier_map(**values):
     return lambda: dict(values)
 
 
+# The knobs that map each tier to a value: an override may name only some tiers.
+TIER_KNOBS = (
+    "tier_weights",
+    "tier_floors",
+    "tier_ceilings",
+    "preemption_wait_s",
+    "preemption_hold_back_s",
+    "preemption_hold_back_limit_s",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """Every knob of the policy; one frozen value shared by the dispatcher and the simulator."""
@@ -208,14 +219,7 @@ class PolicyConfig:
     `window.py`). Bounds the tick's read and decide at 100,000 queued users."""
 
     def __post_init__(self):
-        for name in (
-            "tier_weights",
-            "tier_floors",
-            "tier_ceilings",
-            "preemption_wait_s",
-            "preemption_hold_back_s",
-            "preemption_hold_back_limit_s",
-        ):
+        for name in TIER_KNOBS:
             values = getattr(self, name)
             missing = set(TIERS) - set(values)
             if missing:
@@ -269,17 +273,6 @@ class PolicyConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0")
-
-
-# The knobs that map each tier to a value: an override may name only some tiers.
-TIER_KNOBS = (
-    "tier_weights",
-    "tier_floors",
-    "tier_ceilings",
-    "preemption_wait_s",
-    "preemption_hold_back_s",
-    "preemption_hold_back_limit_s",
-)
 
 
 def policy_with(
