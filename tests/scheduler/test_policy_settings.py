@@ -4,8 +4,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
+from apps.scheduler.checks import configured_policy
 from apps.scheduler.policy import PolicyConfig, policy_with
-from apps.scheduler.services.snapshot import policy_config
 
 
 def test_a_per_tier_knob_may_name_only_the_tiers_it_changes():
@@ -35,7 +35,7 @@ def test_a_wrong_knob_is_refused_by_name(overrides, named):
 def test_the_dispatcher_reads_gantry_policy_over_the_defaults(settings):
     settings.GANTRY_POLICY = {"preemption_wait_s": {"paid": 30.0}}
     settings.GANTRY_USAGE_HALF_LIFE_S = 900
-    config = policy_config()
+    config = configured_policy()
     assert config.preemption_wait_s == {**PolicyConfig().preemption_wait_s, "paid": 30.0}
     assert config.usage_half_life_s == 900.0
 

@@ -65,11 +65,6 @@ class DispatchSnapshot:
     queued_loaded: int = 0  # jobs listed in the snapshot (the queue window)
 
 
-def policy_config() -> PolicyConfig:
-    """The policy's knobs from settings (half-life and any GANTRY_POLICY overrides)."""
-    return configured_policy()
-
-
 @garbage_collector_paused()  # tens of thousands of rows become objects, none in a cycle
 def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
     """Read fleet, live allocations, the (bounded) queue, weights and usage at DB now().
@@ -81,7 +76,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
     Ids in the snapshot are strings (jobs, attempts, orgs, users) and integers (GPUs);
     times are epoch seconds of the database clock, computed by PostgreSQL.
     """
-    config = config or policy_config()
+    config = config or configured_policy()
     with _consistent_reads():
         with connection.cursor() as cursor:
             cursor.execute("SELECT now(), extract(epoch FROM now())::float8")
