@@ -536,10 +536,15 @@ def prepare_metrics(processes: dict[str, Process], *, api_port: int, flower_port
     if METRICS_DIR.exists():
         shutil.rmtree(METRICS_DIR)
     for process in processes.values():
-        directory = process.env.get("PROMETHEUS_MULTIPROC_DIR")
-        if directory:
-            Path(directory).mkdir(parents=True)
+        make_metrics_dir(process)
     write_scrape_targets(processes, api_port=api_port, flower_port=flower_port)
+
+
+def make_metrics_dir(process: Process) -> None:
+    """Create the process's prometheus-client multiprocess directory, if it has one."""
+    directory = process.env.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
 
 
 def write_scrape_targets(processes: dict[str, Process], *, api_port: int, flower_port: int) -> None:
@@ -758,9 +763,7 @@ def serve_new_nodes(
     for pool in pools:
         port += 1
         table[pool.name] = process = pool_process(pool, port=port)
-        directory = process.env.get("PROMETHEUS_MULTIPROC_DIR")
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
+        make_metrics_dir(process)
         log(f"new node(s) {', '.join(pool.nodes)}: starting {pool.name} ({pool.slots} run slots)")
     try:
         supervise_more(table, env, log_dir=log_dir)

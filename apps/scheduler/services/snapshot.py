@@ -114,8 +114,9 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
     )
 
 
-# The median share of max_runtime_s that recent successful attempts ran (start-time
-# estimates expect a job to run that long); 1.0 while nothing finished lately.
+# The median and the 75th percentile share of max_runtime_s that recent successful
+# attempts ran (start-time estimates expect a job to run the median; the preemption
+# hold-back the late one); 1.0 while nothing finished lately.
 _RUNTIME_RATIO_SQL = f"""
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio),
        percentile_cont(0.75) WITHIN GROUP (ORDER BY ratio) FROM (
@@ -131,11 +132,13 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio),
 
 
 def _runtime_ratios() -> tuple[float, float]:
-    """The median and the 75th percentile share of max_runtime_s recent attempts ran."""
-    return tuple(  # type: ignore[return-value]
-        1.0 if ratio is None else min(1.0, max(0.01, float(ratio)))
-        for ratio in _rows(_RUNTIME_RATIO_SQL)[0]
-    )
+    """The median and the late (75th percentile) runtime ratio, read in one query."""
+    median, late = _rows(_RUNTIME_RATIO_SQL)[0]
+    return _bounded_ratio(median), _bounded_ratio(late)
+
+
+def _bounded_ratio(ratio) -> float:
+    return 1.0 if ratio is None else min(1.0, max(0.01, float(ratio)))
 
 
 def _org_weights(org_ids: set[str]) -> dict[str, float]:

@@ -430,13 +430,13 @@ class Simulation:
         self._window_sums = {}
         self._window_ticks = 0
 
-    def runtime_ratio(self, quantile: float = 0.5) -> float:
-        """The share of max_runtime_s that recently finished jobs ran, at this quantile
-        (the median by default; 1.0 before any job finished), as the dispatcher reads it."""
-        ratios = self.runtime_ratios
+    def observed_runtime_ratios(self) -> tuple[float, float]:
+        """The median and the 75th percentile share of max_runtime_s that recently
+        finished jobs ran (1.0 before any job finished), as the dispatcher reads them."""
+        ratios = sorted(self.runtime_ratios)
         if not ratios:
-            return 1.0
-        return sorted(ratios)[min(len(ratios) - 1, int(len(ratios) * quantile))]
+            return 1.0, 1.0
+        return ratios[len(ratios) // 2], ratios[min(len(ratios) - 1, len(ratios) * 3 // 4)]
 
     def _integrate(self, at: float) -> None:
         if at > self._clock:
@@ -456,6 +456,7 @@ class Simulation:
 
     def _snapshot(self, now: float) -> ClusterSnapshot:
         queued, backlog = self._queue_window()
+        median_ratio, late_ratio = self.observed_runtime_ratios()
         running = []
         for allocation in self.allocations.values():
             record = allocation.record
@@ -474,8 +475,8 @@ class Simulation:
             usage=self.usage.snapshot(now),
             config=self.config,
             backlog=backlog,
-            runtime_ratio=self.runtime_ratio(),
-            late_runtime_ratio=self.runtime_ratio(0.75),
+            runtime_ratio=median_ratio,
+            late_runtime_ratio=late_ratio,
         )
 
     def _queue_window(self) -> tuple[list[QueuedJob], dict[tuple[str, str], QueueBacklog]]:
