@@ -18,6 +18,7 @@ from apps.scheduler.simulate import (
 )
 from apps.scheduler.simulate.__main__ import main
 from apps.scheduler.simulate.workload import JobSpec, OrgSpec, Workload, flood, steady
+from apps.scheduler.simulate.workload import trace as trace_workload
 
 TRACE = Path("/work/shared/traces/alibaba-gpu-v2023.csv")
 
@@ -114,6 +115,17 @@ def test_a_trace_written_by_another_tool_replays_its_usable_rows_and_counts_the_
     assert "1 dropped (more GPUs than a node has)" in note, note
     assert "2 unusable rows skipped (first: line 42)" in note, note
     assert report.summaries[0].started == 40
+
+
+def test_a_fraction_of_a_gpu_asks_for_whole_ones_and_a_row_without_gpus_is_skipped(tmp_path):
+    # A GPU-sharing cluster's trace: quarter and one-and-a-half GPUs, and a CPU-only task.
+    trace = tmp_path / "sharing.csv"
+    trace.write_text("submit_s,duration_s,gpu_count\n0,60,0.25\n10,60,1.5\n20,60,0\n30,60,1\n")
+    workload = trace_workload(trace, synthetic_fleet(8).gpu_types, duration_s=300.0)
+    assert sorted(job.gpu_count for job in workload.jobs) == [1, 1, 2]
+    (note,) = workload.notes
+    assert "2 asking for a fraction of a GPU given whole ones" in note, note
+    assert "1 unusable rows skipped (first: line 4)" in note, note
 
 
 def test_a_trace_of_only_submit_and_duration_runs_as_one_paid_org(tmp_path):
@@ -330,6 +342,28 @@ def test_the_command_line_prints_the_table_and_writes_plots(tmp_path, capsys):
 def test_the_command_line_reports_bad_input(capsys):
     assert main(["--scenario", "trace", "--gpus", "8", "--duration", "10"]) == 2
     assert "trace CSV" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--load", "0"], "must be above zero"),
+        (["--load", "-1"], "must be above zero"),
+        (["--load", "inf"], "must be a finite number"),
+        (["--duration", "0"], "must be above zero"),
+        (["--duration", "nan"], "must be a finite number"),
+        (["--explain-every", "0"], "must be above zero"),
+        (["--flood-jobs", "-3"], "must not be negative"),
+        (["--warmup", "-1"], "must not be negative"),
+        (["--duration", "100", "--warmup", "100"], "must be shorter than --duration"),
+        (["--trace-speedup", "0"], "must be above zero"),
+    ],
+)
+def test_the_command_line_refuses_what_cannot_be_simulated(option, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--scenario", "bursty", "--gpus", "8", "--policy", "fair", *option])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
 
 
 def test_a_policy_option_changes_the_fair_policy_and_a_bad_one_is_refused(capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 
 from apps.scheduler.policy import PolicyConfig, policy_with
@@ -22,6 +23,41 @@ def _quota(text: str) -> dict[str, int | None]:
             raise argparse.ArgumentTypeError(f"bad quota {part!r}: use TIER=N or TIER=none")
         quota[tier] = None if value.lower() in ("none", "0", "unlimited") else int(value)
     return quota
+
+
+def _positive(text: str) -> float:
+    """A finite number above zero (durations, loads, intervals)."""
+    value = _number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must not be negative")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number")
+    return value
+
+
+def _job_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must not be negative")
+    return value
 
 
 def _policy_option(text: str) -> tuple[str, object]:
@@ -55,19 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", choices=[*POLICIES, "all"], default="all", help="policy to run (all: each)"
     )
     parser.add_argument("--gpus", type=int, default=1000, help="synthetic fleet size (8/node)")
-    parser.add_argument("--duration", type=float, default=3600.0, help="virtual seconds")
-    parser.add_argument("--warmup", type=float, default=None, help="default: 15%% of duration")
+    parser.add_argument("--duration", type=_positive, default=3600.0, help="virtual seconds")
+    parser.add_argument(
+        "--warmup", type=_non_negative, default=None, help="default: 15%% of duration"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--load",
         "--overload",
         dest="load",
-        type=float,
+        type=_positive,
         default=None,
         help="offered load (work submitted / the fleet's GPU time): scales the arrivals "
         "(default 2, bursty 1), or for a trace sizes the fleet (default: the fleet as given)",
     )
-    parser.add_argument("--flood-jobs", type=int, default=10_000)
+    parser.add_argument("--flood-jobs", type=_job_count, default=10_000)
     parser.add_argument(
         "--queue-quota",
         type=_quota,
@@ -81,8 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
         "trace's <name>-fleet.json beside it, if any)",
     )
     parser.add_argument("--trace", help="trace CSV for --scenario trace")
-    parser.add_argument("--trace-speedup", type=float, default=None, help="default: fit span")
-    parser.add_argument("--trace-max-work", type=float, default=3600.0, help="cap run times (s)")
+    parser.add_argument("--trace-speedup", type=_positive, default=None, help="default: fit span")
+    parser.add_argument(
+        "--trace-max-work", type=_positive, default=3600.0, help="cap run times (s)"
+    )
     parser.add_argument(
         "--policy-option",
         type=_policy_option,
@@ -94,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--explain-every",
-        type=float,
+        type=_positive,
         default=EXPLAIN_EVERY_S,
         metavar="S",
         help="explain the queue (start estimates, reasons) at most every S seconds, as the "
@@ -105,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.warmup is not None and args.warmup >= args.duration:
+        parser.error(f"--warmup {args.warmup:g} must be shorter than --duration {args.duration:g}")
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
     try:
         report = run_scenario(

@@ -307,9 +307,11 @@ def trace_gpu_types(path: str | Path) -> list[str]:
     return list(names)
 
 
-def _trace_job(row: dict[str, str]) -> tuple[float, float, int, str, bool] | None:
-    """(submit, duration, GPUs, tier, preemptible) of a row; None if a value is unusable.
-    Defaults for absent columns: 1 GPU, tier paid, preemptible only in the free tier."""
+def _trace_job(row: dict[str, str]) -> tuple[float, float, int, str, bool, bool] | None:
+    """(submit, duration, GPUs, tier, preemptible, rounded up) of a row; None if a value
+    is unusable. Defaults for absent columns: 1 GPU, tier paid, preemptible only in the
+    free tier. A fraction of a GPU (a GPU-sharing cluster's request, 0.25 or 1.5) asks
+    for whole GPUs here, as Gantry allocates them: rounded up."""
     try:
         submit, duration = float(row["submit_s"]), float(row["duration_s"])
         gpus = float(row.get("gpu_count") or 1)
@@ -318,11 +320,12 @@ def _trace_job(row: dict[str, str]) -> tuple[float, float, int, str, bool] | Non
     tier = (row.get("tier") or PAID).lower()
     if not (math.isfinite(submit) and math.isfinite(duration)) or tier not in TIERS:
         return None
-    if gpus != int(gpus) or gpus < 1:
-        return None
+    if not (math.isfinite(gpus) and gpus > 0):
+        return None  # not a GPU job
+    whole = math.ceil(gpus)
     flag = row.get("preemptible", "")
     preemptible = flag.lower() in _TRUE if flag else tier == FREE
-    return submit, duration, int(gpus), tier, preemptible
+    return submit, duration, whole, tier, preemptible, whole != gpus
 
 
 def trace(
@@ -341,8 +344,8 @@ def trace(
     (capped) run time; preemptible jobs checkpoint every 5 minutes. Rows whose GPU types
     are unknown to the fleet keep only the known ones (dropped if none is left); rows
     asking for more GPUs than a node has (`max_gpus_per_job`), and rows with a value
-    that is not a number, a known tier or a whole GPU count, are dropped; the notes
-    count each.
+    that is not a number, a known tier or a positive GPU count, are dropped; fractional
+    GPU counts are rounded up; the notes count each.
 
     A Gantry org has one tier, but the trace's synthetic orgs mix QoS classes, so each
     (org, tier) pair becomes its own org, named like `org-16.ent`."""
@@ -366,8 +369,8 @@ def trace(
     jobs: list[JobSpec] = []
     orgs: dict[str, set[str]] = {}
     org_tier: dict[str, str] = {}
-    dropped = too_large = 0
-    for line, row, submitted, duration, gpu_count, tier, preemptible in rows:
+    dropped = too_large = rounded = 0
+    for line, row, submitted, duration, gpu_count, tier, preemptible, fraction in rows:
         submit = (submitted - first) / speedup
         if submit > duration_s:  # a trace that exactly fills the window keeps its last row
             continue
@@ -380,6 +383,7 @@ def trace(
             too_large += 1
             continue
         types = tuple(t for t in types if t in known)
+        rounded += fraction
         work = max(1.0, min(duration, max_work_s))
         org = f"{row.get('org') or 'org'}.{tier[:3]}"
         orgs.setdefault(org, set()).add(row.get("user") or org)
@@ -409,6 +413,7 @@ def trace(
         f"capped at {max_work_s:.0f} s"
         + (f", {dropped} rows dropped (GPU types not in the fleet)" if dropped else "")
         + (f", {too_large} dropped (more GPUs than a node has)" if too_large else "")
+        + (f", {rounded} asking for a fraction of a GPU given whole ones" if rounded else "")
         + (
             f", {len(unusable)} unusable rows skipped (first: line {unusable[0]})"
             if unusable
