@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -25,39 +26,26 @@ def _quota(text: str) -> dict[str, int | None]:
     return quota
 
 
-def _positive(text: str) -> float:
-    """A finite number above zero (durations, loads, intervals)."""
-    value = _number(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must not be negative")
-    return value
-
-
-def _number(text: str) -> float:
+def _number(text: str, *, whole: bool = False, above_zero: bool = False) -> float:
+    """A finite number, not negative (above zero with `above_zero`; an int with `whole`)."""
     try:
-        value = float(text)
+        value = int(text) if whole else float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+        kind = "a whole number" if whole else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r}: not {kind}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number")
-    return value
-
-
-def _job_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
+    if above_zero and not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must not be negative")
     return value
+
+
+# Durations, loads and intervals; a warm-up; a count of jobs.
+_positive = functools.partial(_number, above_zero=True)
+_non_negative = _number
+_job_count = functools.partial(_number, whole=True)
 
 
 def _policy_option(text: str) -> tuple[str, object]:
