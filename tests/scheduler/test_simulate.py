@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from apps.core import wakeup
 from apps.scheduler.policy import PolicyConfig, Preempt, queue_window, schedule
 from apps.scheduler.simulate import (
     POLICIES,
@@ -17,6 +18,7 @@ from apps.scheduler.simulate import (
     synthetic_fleet,
 )
 from apps.scheduler.simulate.__main__ import main
+from apps.scheduler.simulate.engine import WAKE_DEBOUNCE_S
 from apps.scheduler.simulate.workload import JobSpec, OrgSpec, Workload, flood, steady
 from apps.scheduler.simulate.workload import trace as trace_workload
 
@@ -253,6 +255,29 @@ def test_the_engine_rejects_a_decision_that_breaks_the_cluster():
     )
     with pytest.raises(SimulationError, match="not free"):
         sim.run()
+
+
+def test_a_wake_up_within_the_debounce_of_the_last_one_is_dropped_as_the_platform_drops_it():
+    # Submissions at 0.30 s and 0.45 s: the first wakes the dispatcher (a round 50 ms
+    # later); the second, within 200 ms of it, is dropped, so its job waits for the 1 s
+    # tick; one at 1.60 s wakes it again. As wake_dispatcher's Redis key does.
+    assert WAKE_DEBOUNCE_S == wakeup.DEBOUNCE_MS / 1000
+    rounds = []
+
+    def recording(snapshot):
+        rounds.append((round(snapshot.now, 2), sorted(job.id for job in snapshot.queued)))
+        return POLICIES["fair"](snapshot)
+
+    jobs = [_job("a", "free", 1, 0.30), _job("b", "free", 1, 0.45), _job("c", "free", 1, 1.60)]
+    Simulation(
+        synthetic_fleet(8),
+        _tiny_workload(jobs),
+        recording,
+        policy_name="recording",
+        duration_s=3.0,
+        queue_quota={},
+    ).run()
+    assert rounds == [(0.35, ["a"]), (1.0, ["b"]), (1.65, ["c"])]
 
 
 def test_the_engine_rejects_preempting_a_protected_job():

@@ -9,8 +9,10 @@ an invariant checker of the policy.
 
 Model:
 - a placed job runs for its remaining true work; besides the 1 s tick, a submission and
-  a release of GPUs wake the dispatcher, which runs a round WAKE_LATENCY_S later (as
-  `wake_dispatcher` does on commit; wake-ups close together share one round);
+  a release of GPUs wake the dispatcher, which runs a round WAKE_LATENCY_S later, but
+  at most one wake-up per WAKE_DEBOUNCE_S is sent (as `wake_dispatcher` does on commit:
+  one within that time of the last one sent is dropped, and its GPUs wait for the next
+  wake-up or tick);
 - jobs checkpoint every `checkpoint_every_s` of progress (some never do); a `Preempt`
   marks its victims stopping, they release their GPUs `stop_delay_s` later, and all
   progress since their last checkpoint is lost (GPU-seconds lost = that progress plus
@@ -70,8 +72,11 @@ DEFAULT_QUEUE_QUOTA: dict[str, int | None] = {"free": 1, "paid": 8, "enterprise"
 
 _FINISH, _STOP, _WAKE = 0, 1, 2
 # A submission or a release wakes the dispatcher (as wake_dispatcher does): a round
-# runs this long after it, between the 1 s ticks; wake-ups within it share one round.
+# runs this long after it, between the 1 s ticks.
 WAKE_LATENCY_S = 0.05
+# wake_dispatcher's debounce (apps.core.wakeup.DEBOUNCE_MS, a Redis key of that expiry):
+# a wake-up within this long of the last one sent is dropped.
+WAKE_DEBOUNCE_S = 0.2
 # How often a round explains the queue (start estimates, reasons): the dispatcher's
 # GANTRY_QUEUE_STATE_INTERVAL_S default, so tenants' estimates are read as often as there.
 EXPLAIN_EVERY_S = 5.0
@@ -229,7 +234,7 @@ class Simulation:
         self._window_sums: dict[str, list[float]] = {}  # org -> [GPUs held, GPUs wanted]
         self._window_ticks = 0
         self.runtime_ratios: list[float] = []
-        self._wake_pending = False
+        self._last_wake_sent = -math.inf
         self.wake_ups = True
         # Work conservation, measured: free GPUs per type, queued jobs per (allowed
         # types, memory floor), and GPU-seconds idle while queued work could use them.
@@ -322,10 +327,8 @@ class Simulation:
                 elif kind == _STOP:
                     self._stop(allocation_id, at)
                     self._wake(at)
-                else:
-                    self._wake_pending = False
-                    if self.queue and at < self.duration and not float(at).is_integer():
-                        self._round(at)
+                elif self.queue and at < self.duration and not float(at).is_integer():
+                    self._round(at)
             else:
                 self._submit(arrivals[next_arrival])
                 self._wake(arrivals[next_arrival].submit_at)
@@ -385,8 +388,8 @@ class Simulation:
         return sum(self.free_by_type.get(t, 0) for t in usable)
 
     def _wake(self, at: float) -> None:
-        if self.wake_ups and not self._wake_pending:
-            self._wake_pending = True
+        if self.wake_ups and at - self._last_wake_sent >= WAKE_DEBOUNCE_S:
+            self._last_wake_sent = at
             self._push(at + WAKE_LATENCY_S, _WAKE, "")
 
     def _note_estimates(self, result: RoundResult) -> None:
