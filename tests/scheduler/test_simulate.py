@@ -257,10 +257,11 @@ def test_the_engine_rejects_a_decision_that_breaks_the_cluster():
         sim.run()
 
 
-def test_a_wake_up_within_the_debounce_of_the_last_one_is_dropped_as_the_platform_drops_it():
-    # Submissions at 0.30 s and 0.45 s: the first wakes the dispatcher (a round 50 ms
-    # later); the second, within 200 ms of it, is dropped, so its job waits for the 1 s
-    # tick; one at 1.60 s wakes it again. As wake_dispatcher's Redis key does.
+def test_wake_ups_are_debounced_as_the_platform_debounces_them():
+    # Submissions at 0.30, 0.35 and 0.45 s: the first wakes the dispatcher at once (a
+    # round 50 ms later); the two within 200 ms of it share one trailing wake-up, 200 ms
+    # after the first of them; one at 1.60 s wakes it at once again. As wake_dispatcher's
+    # Redis keys do.
     assert WAKE_DEBOUNCE_S == wakeup.DEBOUNCE_MS / 1000
     rounds = []
 
@@ -268,7 +269,12 @@ def test_a_wake_up_within_the_debounce_of_the_last_one_is_dropped_as_the_platfor
         rounds.append((round(snapshot.now, 2), sorted(job.id for job in snapshot.queued)))
         return POLICIES["fair"](snapshot)
 
-    jobs = [_job("a", "free", 1, 0.30), _job("b", "free", 1, 0.45), _job("c", "free", 1, 1.60)]
+    jobs = [
+        _job("a", "free", 1, 0.30),
+        _job("b", "free", 1, 0.35),
+        _job("c", "free", 1, 0.45),
+        _job("d", "free", 1, 1.60),
+    ]
     Simulation(
         synthetic_fleet(8),
         _tiny_workload(jobs),
@@ -277,7 +283,7 @@ def test_a_wake_up_within_the_debounce_of_the_last_one_is_dropped_as_the_platfor
         duration_s=3.0,
         queue_quota={},
     ).run()
-    assert rounds == [(0.35, ["a"]), (1.0, ["b"]), (1.65, ["c"])]
+    assert rounds == [(0.35, ["a"]), (0.6, ["b", "c"]), (1.65, ["d"])]
 
 
 def test_the_engine_rejects_preempting_a_protected_job():

@@ -9,10 +9,10 @@ an invariant checker of the policy.
 
 Model:
 - a placed job runs for its remaining true work; besides the 1 s tick, a submission and
-  a release of GPUs wake the dispatcher, which runs a round WAKE_LATENCY_S later, but
-  at most one wake-up per WAKE_DEBOUNCE_S is sent (as `wake_dispatcher` does on commit:
-  one within that time of the last one sent is dropped, and its GPUs wait for the next
-  wake-up or tick);
+  a release of GPUs wake the dispatcher, which runs a round WAKE_LATENCY_S later, as
+  `wake_dispatcher` does on commit: at most one wake-up at once per WAKE_DEBOUNCE_S,
+  and those within that time of it share one more, WAKE_DEBOUNCE_S after the first of
+  them;
 - jobs checkpoint every `checkpoint_every_s` of progress (some never do); a `Preempt`
   marks its victims stopping, they release their GPUs `stop_delay_s` later, and all
   progress since their last checkpoint is lost (GPU-seconds lost = that progress plus
@@ -74,8 +74,8 @@ _FINISH, _STOP, _WAKE = 0, 1, 2
 # A submission or a release wakes the dispatcher (as wake_dispatcher does): a round
 # runs this long after it, between the 1 s ticks.
 WAKE_LATENCY_S = 0.05
-# wake_dispatcher's debounce (apps.core.wakeup.DEBOUNCE_MS, a Redis key of that expiry):
-# a wake-up within this long of the last one sent is dropped.
+# wake_dispatcher's debounce (apps.core.wakeup.DEBOUNCE_MS): one wake-up at once per this
+# long, and one trailing wake-up this long after the first wake-up it gathers.
 WAKE_DEBOUNCE_S = 0.2
 # How often a round explains the queue (start estimates, reasons): the dispatcher's
 # GANTRY_QUEUE_STATE_INTERVAL_S default, so tenants' estimates are read as often as there.
@@ -235,6 +235,7 @@ class Simulation:
         self._window_ticks = 0
         self.runtime_ratios: list[float] = []
         self._last_wake_sent = -math.inf
+        self._trailing_wake_at = -math.inf  # when the queued trailing wake-up runs
         self.wake_ups = True
         # Work conservation, measured: free GPUs per type, queued jobs per (allowed
         # types, memory floor), and GPU-seconds idle while queued work could use them.
@@ -388,9 +389,14 @@ class Simulation:
         return sum(self.free_by_type.get(t, 0) for t in usable)
 
     def _wake(self, at: float) -> None:
-        if self.wake_ups and at - self._last_wake_sent >= WAKE_DEBOUNCE_S:
+        if not self.wake_ups:
+            return
+        if at - self._last_wake_sent >= WAKE_DEBOUNCE_S:
             self._last_wake_sent = at
             self._push(at + WAKE_LATENCY_S, _WAKE, "")
+        elif at >= self._trailing_wake_at:  # none queued, or it has run
+            self._trailing_wake_at = at + WAKE_DEBOUNCE_S
+            self._push(self._trailing_wake_at + WAKE_LATENCY_S, _WAKE, "")
 
     def _note_estimates(self, result: RoundResult) -> None:
         """Keep the first start estimate of each job (what its tenant first read)."""
