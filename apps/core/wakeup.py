@@ -14,25 +14,45 @@ from apps.core.redis import redis_client
 logger = logging.getLogger(__name__)
 
 DISPATCH_TASK = "gantry.scheduler.dispatch_tick"
-# Many submissions in a burst need one early tick, not one each: at most one wake-up is
-# sent at once per DEBOUNCE_MS (this key, set with that expiry), and the commits within
-# that time share one more, sent DEBOUNCE_MS later (the trailing key, set while it waits).
-DEBOUNCE_KEY = "gantry:dispatch:wakeup"
+# Many commits in a burst need a few early ticks, not one each. A wake-up after a quiet
+# window is sent at once and opens a window of DEBOUNCE_MS (WINDOW_KEY, of that expiry);
+# the commits within a window share one wake-up sent at its end (TRAILING_KEY lives until
+# then), which opens the next window. So a tick starts within DEBOUNCE_MS of every commit
+# that asked, and at most one per window is sent, platform-wide.
+WINDOW_KEY = "gantry:dispatch:wakeup"
 TRAILING_KEY = "gantry:dispatch:wakeup:trailing"
-DEBOUNCE_MS = 200
+DEBOUNCE_MS = 100
 
-# time.monotonic() in ms until which a queued trailing wake-up is known to come after any
-# commit of this process: until then, no Redis round trip at all.
+# Atomically: {0, 0} send now; {1, ms} send in ms (the window's end); {2, ms} one is
+# queued for ms from now already.
+_DEBOUNCE_SCRIPT = """
+if redis.call('SET', KEYS[1], 1, 'NX', 'PX', ARGV[1]) then return {0, 0} end
+local left = redis.call('PTTL', KEYS[1])
+if left <= 0 then
+    redis.call('SET', KEYS[1], 1, 'PX', ARGV[1])
+    return {0, 0}
+end
+if redis.call('SET', KEYS[2], 1, 'NX', 'PX', left) then
+    redis.call('PEXPIRE', KEYS[1], left + tonumber(ARGV[1]))
+    return {1, left}
+end
+return {2, redis.call('PTTL', KEYS[2])}
+"""
+
+# time.monotonic() in ms until which a queued wake-up is known to come after any commit
+# of this process: until then, no Redis round trip at all.
 _covered_until = 0.0
+# Less than what Redis says is left, for the two clocks (Redis's expiry, Celery's ETA).
+_CLOCK_MARGIN_MS = 10
 
 
 def wake_dispatcher() -> None:
     """Ask for a dispatch tick once the current transaction commits (debounced).
 
-    Guarantee: a tick starts within about DEBOUNCE_MS of every commit that asked, so a
-    GPU freed or a job submitted just after a wake-up does not wait for the periodic
-    tick; and the whole platform sends at most two wake-ups per DEBOUNCE_MS. Best effort:
-    if Redis is down the periodic tick still comes, so nothing is lost.
+    Guarantee: a tick is sent within DEBOUNCE_MS of every commit that asked (at once
+    after a quiet window), so a job submitted or GPUs freed just after a wake-up do not
+    wait for the periodic tick; the platform sends at most one per DEBOUNCE_MS. Best
+    effort: if Redis is down the periodic tick still comes, so nothing is lost.
     """
     transaction.on_commit(_publish)
 
@@ -41,27 +61,14 @@ def _publish() -> None:
     global _covered_until
     now = time.monotonic() * 1000
     if now < _covered_until:
-        return  # a trailing wake-up runs after this commit: it sees it
+        return  # a queued wake-up runs after this commit: it sees it
     try:
-        client = redis_client()
-        if client.set(DEBOUNCE_KEY, 1, nx=True, px=DEBOUNCE_MS):
+        kind, ms = redis_client().eval(_DEBOUNCE_SCRIPT, 2, WINDOW_KEY, TRAILING_KEY, DEBOUNCE_MS)
+        if kind == 0:
             current_app.send_task(DISPATCH_TASK, queue="control", expires=5)
             return
-        with client.pipeline(transaction=False) as pipe:
-            pipe.set(TRAILING_KEY, 1, nx=True, px=DEBOUNCE_MS)
-            pipe.pttl(TRAILING_KEY)
-            queued, left_ms = pipe.execute()
-        if queued:
-            current_app.send_task(
-                DISPATCH_TASK, queue="control", countdown=DEBOUNCE_MS / 1000, expires=5
-            )
-            _covered_until = now + DEBOUNCE_MS
-        elif left_ms > _CLOCK_MARGIN_MS:
-            # Another process queued it: it runs about when its key expires, later than
-            # this commit (less a margin for the two clocks).
-            _covered_until = now + left_ms - _CLOCK_MARGIN_MS
+        if kind == 1:
+            current_app.send_task(DISPATCH_TASK, queue="control", countdown=ms / 1000, expires=5)
+        _covered_until = now + ms - _CLOCK_MARGIN_MS
     except (redis.RedisError, OSError) as exc:
         logger.warning("dispatcher wake-up not sent: %s", exc)
-
-
-_CLOCK_MARGIN_MS = 10

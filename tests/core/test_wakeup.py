@@ -1,5 +1,5 @@
-"""wake_dispatcher on the real broker: one wake-up at once per debounce window, and one
-more at the window's end for the commits that came within it, never one per commit."""
+"""wake_dispatcher on the real broker: at once after a quiet window, else one wake-up at
+the end of the window for all of its commits, never one per commit."""
 
 import json
 import time
@@ -11,48 +11,67 @@ from tests.scheduler.factories import broker
 
 pytestmark = pytest.mark.django_db
 
+# A window long enough that the test's own pace cannot cross it by accident.
+WINDOW_MS = 1000
+WINDOW_S = WINDOW_MS / 1000
+
 
 @pytest.fixture
 def control_queue(monkeypatch):
     """The control queue and the debounce keys, emptied; this process knowing of no
     queued wake-up (as a fresh process)."""
     client = broker()
-    client.delete("control", wakeup.DEBOUNCE_KEY, wakeup.TRAILING_KEY)
+    client.delete("control", wakeup.WINDOW_KEY, wakeup.TRAILING_KEY)
     monkeypatch.setattr(wakeup, "_covered_until", 0.0)
+    monkeypatch.setattr(wakeup, "DEBOUNCE_MS", WINDOW_MS)
     yield client
-    client.delete("control", wakeup.DEBOUNCE_KEY, wakeup.TRAILING_KEY)
+    client.delete("control", wakeup.WINDOW_KEY, wakeup.TRAILING_KEY)
 
 
-def dispatch_messages(client) -> list[dict]:
+def dispatch_ticks(client) -> list[dict]:
     """Headers of the dispatch ticks waiting on the control queue, oldest first."""
     headers = [json.loads(raw)["headers"] for raw in reversed(client.lrange("control", 0, -1))]
     assert {header["task"] for header in headers} <= {wakeup.DISPATCH_TASK}
     return headers
 
 
+@pytest.fixture
 def commit_asking_for_a_tick(django_capture_on_commit_callbacks):
-    with django_capture_on_commit_callbacks(execute=True):
-        wakeup.wake_dispatcher()
+    def commit():
+        with django_capture_on_commit_callbacks(execute=True):
+            wakeup.wake_dispatcher()
+
+    return commit
 
 
-def test_commits_within_the_window_share_one_trailing_tick_and_later_ones_wake_it_again(
-    control_queue, django_capture_on_commit_callbacks, monkeypatch
+def test_a_burst_of_commits_shares_one_tick_per_window_and_a_quiet_one_is_sent_at_once(
+    control_queue, commit_asking_for_a_tick, monkeypatch
 ):
-    commit_asking_for_a_tick(django_capture_on_commit_callbacks)
-    [first] = dispatch_messages(control_queue)
-    assert first["eta"] is None  # at once
+    commit_asking_for_a_tick()
+    [first] = dispatch_ticks(control_queue)
+    assert first["eta"] is None  # after a quiet window: at once
 
-    # A GPU freed 1 ms later must not wait for the 1 s tick: a second tick is queued for
-    # the end of the window, and every other commit of the window shares it.
-    commit_asking_for_a_tick(django_capture_on_commit_callbacks)
-    commit_asking_for_a_tick(django_capture_on_commit_callbacks)
-    monkeypatch.setattr(wakeup, "_covered_until", 0.0)  # another process: it asks Redis
-    commit_asking_for_a_tick(django_capture_on_commit_callbacks)
-    first, trailing = dispatch_messages(control_queue)
+    # GPUs freed just after it must not wait for the 1 s tick: one tick is queued for the
+    # end of the window, and every other commit of the window shares it.
+    commit_asking_for_a_tick()
+    commit_asking_for_a_tick()  # this process knows of it: not even a Redis round trip
+    monkeypatch.setattr(wakeup, "_covered_until", 0.0)  # another process asks Redis
+    commit_asking_for_a_tick()
+    first, trailing = dispatch_ticks(control_queue)
     assert trailing["eta"] is not None
-    assert 0 < control_queue.pttl(wakeup.TRAILING_KEY) <= wakeup.DEBOUNCE_MS
+    assert 0 < control_queue.pttl(wakeup.TRAILING_KEY) <= WINDOW_MS
+    # That tick opens the next window: a commit in it waits for that window's end.
+    assert control_queue.pttl(wakeup.WINDOW_KEY) > WINDOW_MS
 
-    time.sleep(wakeup.DEBOUNCE_MS / 1000 + 0.05)  # the window is over: at once again
-    commit_asking_for_a_tick(django_capture_on_commit_callbacks)
-    messages = dispatch_messages(control_queue)
-    assert len(messages) == 3 and messages[2]["eta"] is None
+    time.sleep(WINDOW_S * 1.5)  # in the next window
+    commit_asking_for_a_tick()
+    assert [tick["eta"] is None for tick in dispatch_ticks(control_queue)] == [True, False, False]
+
+    time.sleep(WINDOW_S * 2)  # a quiet window: at once again
+    commit_asking_for_a_tick()
+    assert [tick["eta"] is None for tick in dispatch_ticks(control_queue)] == [
+        True,
+        False,
+        False,
+        True,
+    ]

@@ -38,7 +38,7 @@ def test_wake_dispatcher_makes_the_control_worker_place_the_job(control_worker):
     node = NodeFactory(gpus=1)
     clear_queue(node.name)
     job = JobFactory()
-    broker().delete(wakeup.DEBOUNCE_KEY)
+    broker().delete(wakeup.WINDOW_KEY)
 
     wakeup.wake_dispatcher()  # outside a transaction: published at once
 

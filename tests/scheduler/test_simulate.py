@@ -258,21 +258,21 @@ def test_the_engine_rejects_a_decision_that_breaks_the_cluster():
 
 
 def test_wake_ups_are_debounced_as_the_platform_debounces_them():
-    # Submissions at 0.30, 0.35 and 0.45 s: the first wakes the dispatcher at once (a
-    # round 50 ms later); the two within 200 ms of it share one trailing wake-up, 200 ms
-    # after the first of them; one at 1.60 s wakes it at once again. As wake_dispatcher's
-    # Redis keys do.
+    # Submissions at 0.30, 0.36 and 0.38 s: the first wakes the dispatcher at once (a
+    # round 50 ms later, which starts it); the two after that round but within its
+    # 100 ms window share one wake-up at the window's end (0.40 s); one at 1.60 s, after
+    # a quiet window, wakes it at once again. As wake_dispatcher's Redis keys do.
     assert WAKE_DEBOUNCE_S == wakeup.DEBOUNCE_MS / 1000
     rounds = []
 
     def recording(snapshot):
-        rounds.append((round(snapshot.now, 2), sorted(job.id for job in snapshot.queued)))
+        rounds.append((round(snapshot.now, 3), sorted(job.id for job in snapshot.queued)))
         return POLICIES["fair"](snapshot)
 
     jobs = [
         _job("a", "free", 1, 0.30),
-        _job("b", "free", 1, 0.35),
-        _job("c", "free", 1, 0.45),
+        _job("b", "free", 1, 0.36),
+        _job("c", "free", 1, 0.38),
         _job("d", "free", 1, 1.60),
     ]
     Simulation(
@@ -283,7 +283,7 @@ def test_wake_ups_are_debounced_as_the_platform_debounces_them():
         duration_s=3.0,
         queue_quota={},
     ).run()
-    assert rounds == [(0.35, ["a"]), (0.6, ["b", "c"]), (1.65, ["d"])]
+    assert rounds == [(0.35, ["a"]), (0.45, ["b", "c"]), (1.65, ["d"])]
 
 
 def test_the_engine_rejects_preempting_a_protected_job():

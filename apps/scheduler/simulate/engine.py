@@ -10,9 +10,8 @@ an invariant checker of the policy.
 Model:
 - a placed job runs for its remaining true work; besides the 1 s tick, a submission and
   a release of GPUs wake the dispatcher, which runs a round WAKE_LATENCY_S later, as
-  `wake_dispatcher` does on commit: at most one wake-up at once per WAKE_DEBOUNCE_S,
-  and those within that time of it share one more, WAKE_DEBOUNCE_S after the first of
-  them;
+  `wake_dispatcher` does on commit: at once after a quiet WAKE_DEBOUNCE_S, else at the
+  end of the current window (one wake-up for all of it), so at most one per window;
 - jobs checkpoint every `checkpoint_every_s` of progress (some never do); a `Preempt`
   marks its victims stopping, they release their GPUs `stop_delay_s` later, and all
   progress since their last checkpoint is lost (GPU-seconds lost = that progress plus
@@ -74,9 +73,9 @@ _FINISH, _STOP, _WAKE = 0, 1, 2
 # A submission or a release wakes the dispatcher (as wake_dispatcher does): a round
 # runs this long after it, between the 1 s ticks.
 WAKE_LATENCY_S = 0.05
-# wake_dispatcher's debounce (apps.core.wakeup.DEBOUNCE_MS): one wake-up at once per this
-# long, and one trailing wake-up this long after the first wake-up it gathers.
-WAKE_DEBOUNCE_S = 0.2
+# wake_dispatcher's debounce window (apps.core.wakeup.DEBOUNCE_MS): a wake-up after a quiet
+# window is sent at once; those within a window share one at its end, which opens the next.
+WAKE_DEBOUNCE_S = 0.1
 # How often a round explains the queue (start estimates, reasons): the dispatcher's
 # GANTRY_QUEUE_STATE_INTERVAL_S default, so tenants' estimates are read as often as there.
 EXPLAIN_EVERY_S = 5.0
@@ -234,7 +233,7 @@ class Simulation:
         self._window_sums: dict[str, list[float]] = {}  # org -> [GPUs held, GPUs wanted]
         self._window_ticks = 0
         self.runtime_ratios: list[float] = []
-        self._last_wake_sent = -math.inf
+        self._wake_window_end = -math.inf  # the debounce window of the last wake-up sent
         self._trailing_wake_at = -math.inf  # when the queued trailing wake-up runs
         self.wake_ups = True
         # Work conservation, measured: free GPUs per type, queued jobs per (allowed
@@ -391,11 +390,12 @@ class Simulation:
     def _wake(self, at: float) -> None:
         if not self.wake_ups:
             return
-        if at - self._last_wake_sent >= WAKE_DEBOUNCE_S:
-            self._last_wake_sent = at
+        if at >= self._wake_window_end:  # quiet for a window: at once
+            self._wake_window_end = at + WAKE_DEBOUNCE_S
             self._push(at + WAKE_LATENCY_S, _WAKE, "")
-        elif at >= self._trailing_wake_at:  # none queued, or it has run
-            self._trailing_wake_at = at + WAKE_DEBOUNCE_S
+        elif at >= self._trailing_wake_at:  # the window's first since it opened
+            self._trailing_wake_at = self._wake_window_end
+            self._wake_window_end += WAKE_DEBOUNCE_S
             self._push(self._trailing_wake_at + WAKE_LATENCY_S, _WAKE, "")
 
     def _note_estimates(self, result: RoundResult) -> None:
