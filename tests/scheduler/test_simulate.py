@@ -156,6 +156,18 @@ def _tiny_workload(jobs):
     return Workload(name="tiny", jobs=jobs, orgs=orgs)
 
 
+def _on_one_node(jobs, policy, *, policy_name="fair", **options) -> Simulation:
+    """`jobs` on one 8-GPU node under `policy`, every job admitted."""
+    return Simulation(
+        synthetic_fleet(8),
+        _tiny_workload(jobs),
+        policy,
+        policy_name=policy_name,
+        queue_quota={},
+        **options,
+    )
+
+
 def _job(job_id, tier, gpus, at, work=100.0):
     org, user = ("ent-org", "e") if tier == "enterprise" else ("free-org", "u")
     return JobSpec(
@@ -180,15 +192,13 @@ def test_preemption_stops_the_victim_after_its_grace_and_charges_lost_work():
         tier_ceilings={"enterprise": 1.0, "paid": 1.0, "free": 1.0},
     )
     jobs = [_job("victim", "free", 8, 0.0, work=400.0), _job("urgent", "enterprise", 8, 100.0)]
-    sim = Simulation(
-        synthetic_fleet(8),
-        _tiny_workload(jobs),
+    sim = _on_one_node(
+        jobs,
         POLICIES["fair"],
         policy_name="fair",
         config=config,
         duration_s=1200.0,
         warmup_s=0.0,
-        queue_quota={},
         stop_delay_s=5.0,
     )
     result = sim.run()
@@ -210,15 +220,7 @@ def test_enterprise_waits_are_also_reported_where_it_could_have_started_at_once(
         _job("urgent", "enterprise", 8, 100.0, work=100.0),
         _job("behind", "enterprise", 8, 150.0, work=50.0),
     ]
-    sim = Simulation(
-        synthetic_fleet(8),
-        _tiny_workload(jobs),
-        POLICIES["fair"],
-        policy_name="fair",
-        duration_s=1200.0,
-        warmup_s=0.0,
-        queue_quota={},
-    )
+    sim = _on_one_node(jobs, POLICIES["fair"], policy_name="fair", duration_s=1200.0, warmup_s=0.0)
     result = sim.run()
     records = {r.id: r for r in result.jobs}
     assert records["urgent"].startable_at_once
@@ -245,14 +247,7 @@ def test_the_engine_rejects_a_decision_that_breaks_the_cluster():
         ]
 
     jobs = [_job("a", "free", 1, 0.0), _job("b", "free", 1, 0.0)]
-    sim = Simulation(
-        synthetic_fleet(8),
-        _tiny_workload(jobs),
-        greedy_double_booking,
-        policy_name="bad",
-        duration_s=5.0,
-        queue_quota={},
-    )
+    sim = _on_one_node(jobs, greedy_double_booking, policy_name="bad", duration_s=5.0)
     with pytest.raises(SimulationError, match="not free"):
         sim.run()
 
@@ -275,14 +270,7 @@ def test_wake_ups_are_debounced_as_the_platform_debounces_them():
         _job("c", "free", 1, 0.38),
         _job("d", "free", 1, 1.60),
     ]
-    Simulation(
-        synthetic_fleet(8),
-        _tiny_workload(jobs),
-        recording,
-        policy_name="recording",
-        duration_s=3.0,
-        queue_quota={},
-    ).run()
+    _on_one_node(jobs, recording, policy_name="recording", duration_s=3.0).run()
     assert rounds == [(0.35, ["a"]), (0.45, ["b", "c"]), (1.65, ["d"])]
 
 
@@ -294,14 +282,12 @@ def test_the_engine_rejects_preempting_a_protected_job():
         return [Preempt((victim.id,), (victim.job_id,), victim.node, snapshot.queued[0].id, "t")]
 
     jobs = [_job("v", "free", 4, 0.0), _job("e", "enterprise", 8, 2.0)]
-    sim = Simulation(
-        synthetic_fleet(8),
-        _tiny_workload(jobs),
+    sim = _on_one_node(
+        jobs,
         eager,
         policy_name="eager",
         config=PolicyConfig(min_runtime_before_preemption_s=60.0),
         duration_s=10.0,
-        queue_quota={},
     )
     with pytest.raises(SimulationError, match="protected"):
         sim.run()
