@@ -24,7 +24,8 @@ TRAILING_KEY = "gantry:dispatch:wakeup:trailing"
 DEBOUNCE_MS = 100
 
 # Atomically: {0, 0} send now; {1, ms} send in ms (the window's end); {2, ms} one is
-# queued for ms from now already.
+# queued for ms from now already. A window key without an expiry (PTTL -1: set by hand)
+# would silence wake-ups for good: it is reset as a fresh window.
 _DEBOUNCE_SCRIPT = """
 if redis.call('SET', KEYS[1], 1, 'NX', 'PX', ARGV[1]) then return {0, 0} end
 local left = redis.call('PTTL', KEYS[1])

@@ -195,7 +195,6 @@ def test_preemption_stops_the_victim_after_its_grace_and_charges_lost_work():
     sim = _on_one_node(
         jobs,
         POLICIES["fair"],
-        policy_name="fair",
         config=config,
         duration_s=1200.0,
         warmup_s=0.0,
@@ -220,7 +219,7 @@ def test_enterprise_waits_are_also_reported_where_it_could_have_started_at_once(
         _job("urgent", "enterprise", 8, 100.0, work=100.0),
         _job("behind", "enterprise", 8, 150.0, work=50.0),
     ]
-    sim = _on_one_node(jobs, POLICIES["fair"], policy_name="fair", duration_s=1200.0, warmup_s=0.0)
+    sim = _on_one_node(jobs, POLICIES["fair"], duration_s=1200.0, warmup_s=0.0)
     result = sim.run()
     records = {r.id: r for r in result.jobs}
     assert records["urgent"].startable_at_once
