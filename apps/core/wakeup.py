@@ -40,6 +40,12 @@ end
 return {2, redis.call('PTTL', KEYS[2])}
 """
 
+# A tick that finds another one running asks it, through this key, for one more round
+# when it ends: the commit that sent this tick may have come after the running one read
+# its snapshot, and would otherwise wait for the next wake-up or the periodic tick.
+RERUN_KEY = "gantry:dispatch:rerun"
+RERUN_TTL_S = 60  # a request nobody takes (its tick crashed) lapses; the periodic tick remains
+
 # time.monotonic() in ms until which a queued wake-up is known to come after any commit
 # of this process: until then, no Redis round trip at all.
 _covered_until = 0.0
@@ -56,6 +62,30 @@ def wake_dispatcher() -> None:
     effort: if Redis is down the periodic tick still comes, so nothing is lost.
     """
     transaction.on_commit(_publish)
+
+
+def ask_for_another_round() -> None:
+    """Ask the tick running now for another round once it ends (best effort: if Redis
+    is down, the periodic tick still comes)."""
+    try:
+        redis_client().set(RERUN_KEY, 1, ex=RERUN_TTL_S)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("dispatcher rerun not asked: %s", exc)
+
+
+def another_round_asked() -> bool:
+    """Whether a tick asked for another round since the last call (and clear the ask)."""
+    try:
+        return redis_client().getdel(RERUN_KEY) is not None
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("dispatcher rerun not read: %s", exc)
+        return False
+
+
+def wake_dispatcher_now() -> None:
+    """wake_dispatcher outside a transaction: the tick is sent at once, or within the
+    current window (debounced as every wake-up)."""
+    _publish()
 
 
 def _publish() -> None:

@@ -8,7 +8,7 @@ from apps.scheduler.services.audit import prune_dispatch_decisions
 
 @shared_task(name="gantry.scheduler.dispatch_tick", ignore_result=True)
 def dispatch_tick() -> dict:
-    """One dispatch round (skipped if another dispatcher holds the lock)."""
+    """One dispatch round (if another dispatcher runs one, it is asked for another)."""
     result = dispatch.run_dispatch_tick()
     return {
         "ran": result.ran,

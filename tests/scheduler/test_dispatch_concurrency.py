@@ -5,6 +5,7 @@ second tick skip, and without the lock the guarded, all-or-nothing application o
 decision lets exactly one of two racing appliers win.
 """
 
+import json
 import threading
 import uuid
 
@@ -14,9 +15,11 @@ from django.db import connection, connections
 from django.db.models import Count
 
 from apps.accounts.models import Tier
+from apps.core import wakeup
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobStatus
 from apps.scheduler.models import DecisionOutcome, DispatchDecision
 from apps.scheduler.policy import Place, schedule
+from apps.scheduler.services import dispatch
 from apps.scheduler.services.dispatch import (
     DISPATCH_LOCK_KEY,
     apply_decisions,
@@ -25,7 +28,7 @@ from apps.scheduler.services.dispatch import (
 )
 from apps.scheduler.services.snapshot import build_snapshot
 from tests.factories import OrgFactory
-from tests.scheduler.factories import JobFactory, NodeFactory
+from tests.scheduler.factories import JobFactory, NodeFactory, broker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -94,6 +97,78 @@ def test_a_tick_is_skipped_while_another_dispatcher_holds_the_lock():
     result = run_dispatch_tick()
     assert result.ran and result.placed == 1
     assert Job.objects.get(pk=job.pk).status == JobStatus.SCHEDULED
+
+
+@pytest.fixture
+def control_queue(monkeypatch):
+    """The control queue, the wake-up keys and the rerun ask, cleared; this process
+    knowing of no queued wake-up."""
+    client = broker()
+    keys = ("control", wakeup.WINDOW_KEY, wakeup.TRAILING_KEY, wakeup.RERUN_KEY)
+    client.delete(*keys)
+    monkeypatch.setattr(wakeup, "_covered_until", 0.0)
+    yield client
+    client.delete(*keys)
+
+
+def ticks_sent(client) -> int:
+    return sum(
+        json.loads(raw)["headers"]["task"] == wakeup.DISPATCH_TASK
+        for raw in client.lrange("control", 0, -1)
+    )
+
+
+def test_a_tick_skipped_behind_a_running_one_gets_its_round_once_that_one_ends(
+    control_queue, monkeypatch
+):
+    NodeFactory(gpus=2)
+    with other_session() as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [DISPATCH_LOCK_KEY])
+        # The commit that sent this tick came after the running tick read its snapshot.
+        assert not run_dispatch_tick().ran
+        assert control_queue.exists(wakeup.RERUN_KEY)
+        other.execute("SELECT pg_advisory_unlock(%s)", [DISPATCH_LOCK_KEY])
+
+    # The running tick (here this process's next) ends, sees the ask and sends a round.
+    read = dispatch.build_snapshot
+
+    def snapshot_while_another_tick_asks():
+        snapshot = read()
+        wakeup.ask_for_another_round()  # a tick skipped while this one decides
+        return snapshot
+
+    monkeypatch.setattr(dispatch, "build_snapshot", snapshot_while_another_tick_asks)
+    assert run_dispatch_tick().ran
+    assert ticks_sent(control_queue) == 1
+    assert not control_queue.exists(wakeup.RERUN_KEY)
+
+    # Asks made before a round read its snapshot are answered by that round itself.
+    monkeypatch.setattr(dispatch, "build_snapshot", read)
+    wakeup.ask_for_another_round()
+    assert run_dispatch_tick().ran
+    assert ticks_sent(control_queue) == 1
+
+
+def test_a_tick_that_finds_the_running_one_ended_as_it_asked_runs_the_round_itself(
+    control_queue, monkeypatch
+):
+    NodeFactory(gpus=2)
+    job = JobFactory()
+    with other_session() as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [DISPATCH_LOCK_KEY])
+        ask = wakeup.ask_for_another_round
+
+        def ask_after_the_running_tick_looked():
+            # The running tick took no ask on its way out, then released the lock.
+            other.execute("SELECT pg_advisory_unlock(%s)", [DISPATCH_LOCK_KEY])
+            ask()
+
+        monkeypatch.setattr(wakeup, "ask_for_another_round", ask_after_the_running_tick_looked)
+        result = run_dispatch_tick()
+
+    assert result.ran and result.placed == 1
+    assert Job.objects.get(pk=job.pk).status == JobStatus.SCHEDULED
+    assert not control_queue.exists(wakeup.RERUN_KEY)  # answered by this round
 
 
 def test_concurrent_ticks_never_place_a_job_twice_or_share_a_gpu():

@@ -2,7 +2,9 @@
 
 Only one dispatcher acts at a time: a tick first takes a session-level PostgreSQL
 advisory lock with pg_try_advisory_lock and skips if another process holds it (a
-crashed dispatcher's session ends, and its lock with it). Even without the lock, a
+crashed dispatcher's session ends, and its lock with it); the skipped tick asks the
+running one for another round (apps.core.wakeup), so what woke it is not left for the
+periodic tick. Even without the lock, a
 decision can never be applied twice or half: a placement locks the job row, moves it
 queued → scheduled through the guarded state machine, and inserts GpuAssignment rows
 that the partial unique index gpu_one_live_assignment refuses for a GPU already in use;
@@ -31,7 +33,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from apps.accounts import selectors as accounts
-from apps.core import locks
+from apps.core import locks, wakeup
 from apps.core.logging import job_log_context
 from apps.fleet.models import Gpu, NodeState, node_queue
 from apps.jobs import queue_state
@@ -88,16 +90,36 @@ class TickResult:
 def run_dispatch_tick() -> TickResult:
     """One dispatch round, or nothing if another dispatcher is running one right now.
 
-    Guarantees: at most one tick acts at a time (advisory lock); each decision is applied
+    Guarantees: at most one tick acts at a time (advisory lock), and a tick that finds
+    another running gets a round that starts after it (the running one sends it when it
+    ends, unless it has ended already); each decision is applied
     all-or-nothing in its own transaction, and a placement's run message is published
     only after it committed; every decision, applied or skipped, leaves a
     DispatchDecision row with the policy's reason.
     """
+    result = _round_if_free()
+    if result is None:
+        # Another tick runs, and may have read its snapshot before the commit that sent
+        # this one: it is asked for another round when it ends. It may have ended just
+        # before the ask: then this one takes the lock.
+        wakeup.ask_for_another_round()
+        result = _round_if_free()
+    if result is None:
+        metrics.TICKS.labels("skipped").inc()
+        return TickResult(ran=False)
+    if wakeup.another_round_asked():
+        wakeup.wake_dispatcher_now()
+    return result
+
+
+def _round_if_free() -> TickResult | None:
+    """run_dispatch_tick's round under the dispatcher's lock; None if another holds it."""
     started = time.perf_counter()
     with dispatcher_lock() as held:
         if not held:
-            metrics.TICKS.labels("skipped").inc()
-            return TickResult(ran=False)
+            return None
+        # This round reads after every commit whose tick asked for one until now.
+        wakeup.another_round_asked()
         drop_stale_claims()
         fold_ended_attempts()  # fair share sees every attempt that ended before this tick
         snapshot = build_snapshot()
