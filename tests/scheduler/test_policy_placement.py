@@ -1,6 +1,6 @@
 """Placement: gang, GPU types and memory, best fit, reservations and backfill, node states."""
 
-from apps.scheduler.policy import NodeState, Place, Reserve, schedule
+from apps.scheduler.policy import NodeState, Place, Reserve, policy_with, schedule
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
 
@@ -115,6 +115,26 @@ def test_a_small_job_backfills_where_it_ends_before_the_reservation():
     assert places(decisions)["short"].node == "n0"  # done by t=70 < 100
     assert "backfill" in places(decisions)["short"].reason
     assert places(decisions)["long"].node == "n1"
+
+
+def test_a_multi_gpu_job_gets_a_drain_only_once_it_has_waited_the_reservation_wait():
+    # Where jobs are short, GPUs free up side by side within seconds and the job may
+    # start without a drain; one begun at once keeps a freed GPU idle while the others
+    # follow. After `reservation_wait_s` of waiting it gets one all the same.
+    config = policy_with({"reservation_wait_s": 20})
+    fleet, running = _blocked_big_job_fleet()
+    queue = [
+        job("big", gpus=8, org="big", submitted_at=0.0),
+        job("small", org="small", submitted_at=1.0, max_runtime_s=500.0),
+    ]
+
+    early = schedule(snapshot(fleet, queue, running=running, now=19.0, config=config))
+    assert not [d for d in early if isinstance(d, Reserve)]
+    assert "small" in places(early)  # the free GPUs are used meanwhile
+
+    late = schedule(snapshot(fleet, queue, running=running, now=20.0, config=config))
+    assert [(d.job_id, d.node) for d in late if isinstance(d, Reserve)] == [("big", "n0")]
+    assert places(late)["small"].node == "n1"  # it would end after n0 is due
 
 
 def test_the_reserved_node_goes_to_its_job_once_drained():

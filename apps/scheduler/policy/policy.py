@@ -270,12 +270,14 @@ class _DispatchRound:
                     types, count, end, job.id
                 ):
                     continue  # it can start now; the fair-share round decides whether
+                waited = self.now - job.submitted_at
+                if waited < self.config.reservation_wait_s:
+                    continue  # GPUs may yet free up side by side: no drain so soon
                 pool, start = self.index.earliest_pool(types, count)
                 if pool is None:
                     continue
                 self._hold_reservation(pool, job, start)
                 granted[job.org] = granted.get(job.org, 0.0) + count
-                waited = self.now - job.submitted_at
                 self.decisions.append(
                     Reserve(
                         job_id=job.id,
