@@ -25,6 +25,12 @@ def test_a_per_tier_knob_may_name_only_the_tiers_it_changes():
         ({"tier_weights": {"free": "heavy"}}, "tier_weights"),
         ({"tier_floors": {"free": 0.9}}, "floor <= ceiling"),
         ({"preemption_hold_back_limit_s": {"paid": -5}}, "preemption_hold_back_limit_s.paid"),
+        # JSON's NaN and Infinity, which Python reads, and a bool for a number
+        ({"reservation_wait_s": float("nan")}, "reservation_wait_s: must be a finite"),
+        ({"reclaim_wait_s": float("inf")}, "reclaim_wait_s: must be a finite"),
+        ({"tier_weights": {"paid": float("inf")}}, "tier_weights.paid: must be a finite"),
+        ({"scan_budget": True}, "scan_budget: must be a number"),
+        ({"within_tier_fifo": 1}, "within_tier_fifo: must be true or false"),
     ],
 )
 def test_a_wrong_knob_is_refused_by_name(overrides, named):

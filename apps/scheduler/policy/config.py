@@ -37,6 +37,7 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -231,6 +232,7 @@ class PolicyConfig:
     `window.py`). Bounds the tick's read and decide at 100,000 queued users."""
 
     def __post_init__(self):
+        self._check_numbers()
         for name in TIER_KNOBS:
             values = getattr(self, name)
             missing = set(TIERS) - set(values)
@@ -287,6 +289,25 @@ class PolicyConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0")
+
+    def _check_numbers(self) -> None:
+        """A number knob holds a finite number, not a bool: JSON's NaN and Infinity, which
+        Python reads, would turn a comparison off (NaN) or hold a job back for ever."""
+        for knob in dataclasses.fields(self):
+            value = getattr(self, knob.name)
+            if isinstance(knob.default, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{knob.name}: must be true or false")
+                continue
+            values = value.items() if isinstance(value, Mapping) else ((None, value),)
+            for tier, number in values:
+                name = f"{knob.name}.{tier}" if tier else knob.name
+                if number is None and knob.name in TIER_KNOBS:
+                    continue  # "never" / "unbounded", where the knob allows it
+                if isinstance(number, bool) or not isinstance(number, int | float):
+                    raise ValueError(f"{name}: must be a number")
+                if not math.isfinite(number):
+                    raise ValueError(f"{name}: must be a finite number")
 
 
 def policy_with(
