@@ -4,11 +4,11 @@ Only one dispatcher acts at a time: a tick first takes a session-level PostgreSQ
 advisory lock with pg_try_advisory_lock and skips if another process holds it (a
 crashed dispatcher's session ends, and its lock with it); the skipped tick asks the
 running one for another round (apps.core.wakeup), so what woke it is not left for the
-periodic tick. Even without the lock, a
-decision can never be applied twice or half: a placement locks the job row, moves it
-queued → scheduled through the guarded state machine, and inserts GpuAssignment rows
-that the partial unique index gpu_one_live_assignment refuses for a GPU already in use;
-any refusal rolls the whole decision back and records it as skipped.
+periodic tick. Even without the lock, a decision can never be applied twice or half: a
+placement locks the job row, moves it queued → scheduled through the guarded state
+machine, and inserts GpuAssignment rows that the partial unique index
+gpu_one_live_assignment refuses for a GPU already in use; any refusal rolls the whole
+decision back and records it as skipped.
 
 The run message is published only after the placement has committed (on_commit), so a
 worker never sees an attempt that does not exist. If the process dies between commit
@@ -92,10 +92,10 @@ def run_dispatch_tick() -> TickResult:
 
     Guarantees: at most one tick acts at a time (advisory lock), and a tick that finds
     another running gets a round that starts after it (the running one sends it when it
-    ends, unless it has ended already); each decision is applied
-    all-or-nothing in its own transaction, and a placement's run message is published
-    only after it committed; every decision, applied or skipped, leaves a
-    DispatchDecision row with the policy's reason.
+    ends, unless it has ended already); each decision is applied all-or-nothing in its
+    own transaction, and a placement's run message is published only after it
+    committed; every decision, applied or skipped, leaves a DispatchDecision row with
+    the policy's reason.
     """
     result = _round_if_free()
     if result is None:
