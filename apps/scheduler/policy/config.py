@@ -255,18 +255,12 @@ class PolicyConfig:
             raise ValueError("tier_floors: floors add up to more than the whole fleet")
         if self.within_tier_fifo_slack < 1.0:
             raise ValueError("within_tier_fifo_slack: must be >= 1")
-        if self.within_tier_fifo_backlog_s < 0:
-            raise ValueError("within_tier_fifo_backlog_s: must be >= 0")
-        if self.reclaim_wait_s < 0:
-            raise ValueError("reclaim_wait_s: must be >= 0")
         if self.usage_half_life_s <= 0:
             raise ValueError("usage_half_life_s: must be positive")
         if not 0.0 <= self.running_weight <= 1.0:
             raise ValueError("running_weight: must be within [0, 1]")
         if not 0.0 <= self.reserved_node_share <= 1.0:
             raise ValueError("reserved_node_share: must be within [0, 1]")
-        if self.reservation_wait_s < 0:
-            raise ValueError("reservation_wait_s: must be >= 0")
         agings = (
             self.aging_shares_per_hour,
             self.tier_aging_shares_per_hour,
@@ -282,6 +276,9 @@ class PolicyConfig:
         if self.same_tier_preemption_factor < 1.0:
             raise ValueError("same_tier_preemption_factor: must be >= 1")
         for name in (
+            "within_tier_fifo_backlog_s",
+            "reclaim_wait_s",
+            "reservation_wait_s",
             "max_preemptions_per_job",
             "max_preemptions_per_tick",
             "scan_budget",
