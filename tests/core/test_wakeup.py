@@ -1,13 +1,12 @@
 """wake_dispatcher on the real broker: at once after a quiet window, else one wake-up at
 the end of the window for all of its commits, never one per commit."""
 
-import json
 import time
 
 import pytest
 
 from apps.core import wakeup
-from tests.scheduler.factories import broker
+from tests.scheduler.factories import dispatch_ticks
 
 pytestmark = pytest.mark.django_db
 
@@ -16,23 +15,9 @@ WINDOW_MS = 1000
 WINDOW_S = WINDOW_MS / 1000
 
 
-@pytest.fixture
-def control_queue(monkeypatch):
-    """The control queue and the debounce keys, emptied; this process knowing of no
-    queued wake-up (as a fresh process)."""
-    client = broker()
-    client.delete("control", wakeup.WINDOW_KEY, wakeup.TRAILING_KEY)
-    monkeypatch.setattr(wakeup, "_covered_until", 0.0)
+@pytest.fixture(autouse=True)
+def long_window(monkeypatch):
     monkeypatch.setattr(wakeup, "DEBOUNCE_MS", WINDOW_MS)
-    yield client
-    client.delete("control", wakeup.WINDOW_KEY, wakeup.TRAILING_KEY)
-
-
-def dispatch_ticks(client) -> list[dict]:
-    """Headers of the dispatch ticks waiting on the control queue, oldest first."""
-    headers = [json.loads(raw)["headers"] for raw in reversed(client.lrange("control", 0, -1))]
-    assert {header["task"] for header in headers} <= {wakeup.DISPATCH_TASK}
-    return headers
 
 
 @pytest.fixture

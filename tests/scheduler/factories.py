@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from apps.core import wakeup
 from apps.jobs.models import Attempt, AttemptState, Job, JobStatus
 from apps.jobs.services.lifecycle import transition
 from tests.factories import OrgFactory, ProjectFactory
@@ -86,6 +87,13 @@ def live_attempt(job: Job) -> Attempt | None:
 def broker() -> redis.Redis:
     """The Celery broker (Redis) the tests publish run messages to."""
     return redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+
+def dispatch_ticks(client: redis.Redis) -> list[dict]:
+    """Headers of the dispatch ticks waiting on the control queue, oldest first."""
+    raw_messages = reversed(client.lrange("control", 0, -1))
+    headers = [json.loads(raw)["headers"] for raw in raw_messages]
+    return [header for header in headers if header["task"] == wakeup.DISPATCH_TASK]
 
 
 def queue_length(node_name: str) -> int:

@@ -5,7 +5,6 @@ second tick skip, and without the lock the guarded, all-or-nothing application o
 decision lets exactly one of two racing appliers win.
 """
 
-import json
 import threading
 import uuid
 
@@ -28,7 +27,7 @@ from apps.scheduler.services.dispatch import (
 )
 from apps.scheduler.services.snapshot import build_snapshot
 from tests.factories import OrgFactory
-from tests.scheduler.factories import JobFactory, NodeFactory, broker
+from tests.scheduler.factories import JobFactory, NodeFactory, dispatch_ticks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,25 +98,6 @@ def test_a_tick_is_skipped_while_another_dispatcher_holds_the_lock():
     assert Job.objects.get(pk=job.pk).status == JobStatus.SCHEDULED
 
 
-@pytest.fixture
-def control_queue(monkeypatch):
-    """The control queue, the wake-up keys and the rerun ask, cleared; this process
-    knowing of no queued wake-up."""
-    client = broker()
-    keys = ("control", wakeup.WINDOW_KEY, wakeup.TRAILING_KEY, wakeup.RERUN_KEY)
-    client.delete(*keys)
-    monkeypatch.setattr(wakeup, "_covered_until", 0.0)
-    yield client
-    client.delete(*keys)
-
-
-def ticks_sent(client) -> int:
-    return sum(
-        json.loads(raw)["headers"]["task"] == wakeup.DISPATCH_TASK
-        for raw in client.lrange("control", 0, -1)
-    )
-
-
 def test_a_tick_skipped_behind_a_running_one_gets_its_round_once_that_one_ends(
     control_queue, monkeypatch
 ):
@@ -139,14 +119,14 @@ def test_a_tick_skipped_behind_a_running_one_gets_its_round_once_that_one_ends(
 
     monkeypatch.setattr(dispatch, "build_snapshot", snapshot_while_another_tick_asks)
     assert run_dispatch_tick().ran
-    assert ticks_sent(control_queue) == 1
+    assert len(dispatch_ticks(control_queue)) == 1
     assert not control_queue.exists(wakeup.RERUN_KEY)
 
     # Asks made before a round read its snapshot are answered by that round itself.
     monkeypatch.setattr(dispatch, "build_snapshot", read)
     wakeup.ask_for_another_round()
     assert run_dispatch_tick().ran
-    assert ticks_sent(control_queue) == 1
+    assert len(dispatch_ticks(control_queue)) == 1
 
 
 def test_a_tick_that_finds_the_running_one_ended_as_it_asked_runs_the_round_itself(
