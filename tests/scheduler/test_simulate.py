@@ -1,7 +1,9 @@
 """The simulator: scenarios run to completion under every policy, the engine checks
 every decision, results are reproducible, and the CLI writes its report and plots."""
 
+import importlib.util
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -130,11 +132,57 @@ def test_a_fraction_of_a_gpu_asks_for_whole_ones_and_a_row_without_gpus_is_skipp
     assert "1 unusable rows skipped (first: line 4)" in note, note
 
 
+def test_a_trace_fitted_to_the_window_keeps_every_row_and_a_given_speedup_counts_the_rest(
+    tmp_path,
+):
+    # 4,927 s fitted into 3,600: the division's rounding once put the four last rows,
+    # submitted at the very end, just past the window, and they were lost unsaid.
+    trace = tmp_path / "end.csv"
+    trace.write_text("submit_s,duration_s\n0,30\n2000,30\n" + "4927,30\n" * 4)
+    gpu_types = synthetic_fleet(8).gpu_types
+    fitted = trace_workload(trace, gpu_types, duration_s=3600.0)
+    assert len(fitted.jobs) == 6
+    assert max(job.submit_at for job in fitted.jobs) == 3600.0
+    assert "time compressed 1.369x" in fitted.notes[0], fitted.notes
+    given = trace_workload(trace, gpu_types, duration_s=3600.0, speedup=1.0)
+    assert len(given.jobs) == 2
+    assert "4 rows after the window left out" in given.notes[0], given.notes
+
+
 def test_a_trace_of_only_submit_and_duration_runs_as_one_paid_org(tmp_path):
     trace = tmp_path / "bare.csv"
     trace.write_text("submit_s,duration_s\n" + "".join(f"{i},{30 + i}\n" for i in range(20)))
     report = run_scenario("trace", ["fair"], gpus=8, trace_path=trace, duration_s=300.0)
     assert report.summaries[0].started == 20
+
+
+def synthetic_trace_script():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "synthetic_trace.py"
+    spec = importlib.util.spec_from_file_location("synthetic_trace", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_synthetic_traces_replay_whole_in_the_shapes_they_promise(tmp_path):
+    script = synthetic_trace_script()
+    gpu_types = synthetic_fleet(8).gpu_types
+    for shape, jobs, heavy_share in (("heavy-tenants", 8000, 0.5), ("short-requests", 26_000, 0.3)):
+        path = tmp_path / f"{shape}.csv"
+        assert script.main([shape, str(path)]) == 0
+        again = tmp_path / "again.csv"
+        script.main([shape, str(again)])
+        assert again.read_bytes() == path.read_bytes()  # seeded
+        workload = trace_workload(path, gpu_types, duration_s=3600.0)
+        assert len(workload.jobs) == jobs, workload.notes  # nothing dropped
+        per_org = Counter(job.org.partition(".")[0] for job in workload.jobs)
+        heaviest = sum(n for _, n in per_org.most_common(10 if shape == "short-requests" else 4))
+        assert heaviest / jobs > heavy_share
+        gpus = Counter(job.gpu_count for job in workload.jobs)
+        if shape == "short-requests":
+            assert set(gpus) == {1}
+        else:
+            assert set(gpus) == {1, 2, 4, 8}
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shared Alibaba trace is not available")

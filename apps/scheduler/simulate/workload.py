@@ -339,8 +339,9 @@ def trace(
     """Replay a trace CSV (`submit_s,duration_s,gpu_count,gpu_types,tier,org,user,
     preemptible`; see `_trace_job` for absent columns).
 
-    Submit times are divided by `speedup` (default: the whole trace fits `duration_s`);
-    run times are kept but capped at `max_work_s`; the declared max runtime is 1.5x the
+    Submit times are divided by `speedup` (default: the whole trace fits `duration_s`,
+    every row kept; a given `speedup` leaves out, and counts, the rows it puts after
+    the window); run times are kept but capped at `max_work_s`; the declared max runtime is 1.5x the
     (capped) run time; preemptible jobs checkpoint every 5 minutes. Rows whose GPU types
     are unknown to the fleet keep only the known ones (dropped if none is left); rows
     asking for more GPUs than a node has (`max_gpus_per_job`), and rows with a value
@@ -364,15 +365,21 @@ def trace(
         )
     first = min(r[2] for r in rows)
     span = max(r[2] for r in rows) - first
-    if speedup is None:
+    fitted = speedup is None
+    if fitted:
         speedup = max(1.0, span / duration_s) if span > 0 else 1.0
     jobs: list[JobSpec] = []
     orgs: dict[str, set[str]] = {}
     org_tier: dict[str, str] = {}
-    dropped = too_large = rounded = 0
+    dropped = too_large = rounded = after_window = 0
     for line, row, submitted, duration, gpu_count, tier, preemptible, fraction in rows:
         submit = (submitted - first) / speedup
-        if submit > duration_s:  # a trace that exactly fills the window keeps its last row
+        if fitted:
+            # The span fits the window by construction: the rounding of the division
+            # must not push the last rows out of it.
+            submit = min(submit, duration_s)
+        elif submit > duration_s:
+            after_window += 1
             continue
         names = (t.strip() for t in row.get("gpu_types", "").split("|"))
         types = tuple(dict.fromkeys(t for t in names if t))
@@ -409,8 +416,9 @@ def trace(
         for name, users in sorted(orgs.items())
     ]
     notes = [
-        f"trace {Path(path).name}: {len(jobs)} jobs, time compressed {speedup:.0f}x, run times "
-        f"capped at {max_work_s:.0f} s"
+        f"trace {Path(path).name}: {len(jobs)} jobs, time compressed {speedup:.4g}x, run "
+        f"times capped at {max_work_s:.0f} s"
+        + (f", {after_window} rows after the window left out" if after_window else "")
         + (f", {dropped} rows dropped (GPU types not in the fleet)" if dropped else "")
         + (f", {too_large} dropped (more GPUs than a node has)" if too_large else "")
         + (f", {rounded} asking for a fraction of a GPU given whole ones" if rounded else "")

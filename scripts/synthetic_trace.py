@@ -1,0 +1,97 @@
+"""Write a synthetic workload trace in the simulator's trace format, in a shape the bursty
+scenario's generator does not make, to replay as a trace the policy was not tuned on.
+
+    python scripts/synthetic_trace.py heavy-tenants /tmp/heavy.csv
+    python -m apps.scheduler.simulate --scenario trace --trace /tmp/heavy.csv --load 2
+
+Shapes:
+- `heavy-tenants`: 8,000 jobs over about 3.4 hours from 30 orgs of up to 8 users, four of
+  which submit 60 % of the jobs; 1, 2, 4 and 8 GPUs (70 / 12 / 10 / 8 %); run times
+  log-normal around 10 minutes, up to 10 hours; half of the jobs constrain the GPU type;
+  arrivals alternate between quiet and busy half-hours.
+- `short-requests`: 26,000 single-GPU requests over about 80 minutes from 4,000
+  tenants, ten of which send 40 % of them; run times log-normal around 23 s; bursts of
+  four times the base rate lasting one to ten minutes.
+
+Columns: submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible (see
+../shared/traces/README.md). Seeded: the same arguments write the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import random
+import sys
+
+HEADER = ("submit_s", "duration_s", "gpu_count", "gpu_types", "tier", "org", "user", "preemptible")
+
+
+def heavy_tenants(rng: random.Random) -> list[tuple]:
+    orgs = [f"o{i}" for i in range(30)]
+    tiers = {org: rng.choices(("enterprise", "paid", "free"), (0.15, 0.45, 0.4))[0] for org in orgs}
+    heavy = orgs[:4]
+    rows, now, jobs, span = [], 0.0, 8000, 6 * 3600
+    for _ in range(jobs):
+        quiet = int(now / 1800) % 3 == 0
+        now += rng.expovariate(1.0) * span / jobs * (0.3 if quiet else 1.5)
+        org = rng.choice(heavy) if rng.random() < 0.6 else rng.choice(orgs)
+        tier = tiers[org]
+        gpus = rng.choices((1, 2, 4, 8), (0.7, 0.12, 0.1, 0.08))[0]
+        run_s = min(36_000, max(5, rng.lognormvariate(math.log(600), 1.6)))
+        types = rng.choice(("", "", "A100", "H100|A100"))
+        preemptible = tier != "enterprise" and rng.random() < 0.8
+        user = f"{org}-u{rng.randint(1, 8)}"
+        rows.append((int(now), int(run_s), gpus, types, tier, org, user, str(preemptible).lower()))
+    return rows
+
+
+def short_requests(rng: random.Random) -> list[tuple]:
+    tenants = [f"t{i}" for i in range(4000)]
+    tiers = {t: rng.choices(("enterprise", "paid", "free"), (0.03, 0.27, 0.7))[0] for t in tenants}
+    heavy = tenants[:10]
+    rows, now, burst_until, jobs = [], 0.0, 0.0, 26_000
+    for _ in range(jobs):
+        if rng.random() < 0.002:
+            burst_until = now + rng.uniform(60, 600)
+        rate = 6.0 if now < burst_until else 1.6
+        now += rng.expovariate(rate) * 3 * 3600 / jobs * 2.4
+        tenant = rng.choice(heavy) if rng.random() < 0.4 else rng.choice(tenants)
+        tier = tiers[tenant]
+        rows.append(
+            (
+                int(now),
+                int(max(2, rng.lognormvariate(math.log(23), 0.8))),
+                1,
+                "",
+                tier,
+                tenant,
+                f"{tenant}-u1",
+                "true" if tier != "enterprise" else "false",
+            )
+        )
+    return rows
+
+
+SHAPES = {"heavy-tenants": (heavy_tenants, 3), "short-requests": (short_requests, 5)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shape", choices=sorted(SHAPES))
+    parser.add_argument("path", help="the CSV file to write")
+    parser.add_argument("--seed", type=int, help="default: the seed of the documented runs")
+    args = parser.parse_args(argv)
+    make, seed = SHAPES[args.shape]
+    rows = make(random.Random(seed if args.seed is None else args.seed))
+    with open(args.path, "w", newline="") as out:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(HEADER)
+        writer.writerows(rows)
+    print(f"{args.path}: {len(rows):,} jobs over {rows[-1][0]:,} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
