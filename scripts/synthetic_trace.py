@@ -55,22 +55,14 @@ def short_requests(rng: random.Random) -> list[tuple]:
     for _ in range(jobs):
         if rng.random() < 0.002:
             burst_until = now + rng.uniform(60, 600)
-        rate = 6.0 if now < burst_until else 1.6
-        now += rng.expovariate(rate) * 3 * 3600 / jobs * 2.4
+        rate = 6.0 if now < burst_until else 1.6  # a burst: about four times the base
+        now += rng.expovariate(rate) * 3 * 3600 / jobs * 2.4  # about 80 minutes in all
         tenant = rng.choice(heavy) if rng.random() < 0.4 else rng.choice(tenants)
         tier = tiers[tenant]
-        rows.append(
-            (
-                int(now),
-                int(max(2, rng.lognormvariate(math.log(23), 0.8))),
-                1,
-                "",
-                tier,
-                tenant,
-                f"{tenant}-u1",
-                "true" if tier != "enterprise" else "false",
-            )
-        )
+        run_s = max(2, rng.lognormvariate(math.log(23), 0.8))
+        preemptible = tier != "enterprise"
+        user = f"{tenant}-u1"
+        rows.append((int(now), int(run_s), 1, "", tier, tenant, user, str(preemptible).lower()))
     return rows
 
 

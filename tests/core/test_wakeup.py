@@ -16,8 +16,11 @@ WINDOW_S = WINDOW_MS / 1000
 
 
 @pytest.fixture(autouse=True)
-def long_window(monkeypatch):
+def long_window(monkeypatch, control_queue):
     monkeypatch.setattr(wakeup, "DEBOUNCE_MS", WINDOW_MS)
+    yield
+    # wake_dispatcher sends nothing to the control queue but dispatch ticks.
+    assert len(dispatch_ticks(control_queue)) == control_queue.llen("control")
 
 
 @pytest.fixture

@@ -167,7 +167,11 @@ def synthetic_trace_script():
 def test_the_synthetic_traces_replay_whole_in_the_shapes_they_promise(tmp_path):
     script = synthetic_trace_script()
     gpu_types = synthetic_fleet(8).gpu_types
-    for shape, jobs, heavy_share in (("heavy-tenants", 8000, 0.5), ("short-requests", 26_000, 0.3)):
+    shapes = (
+        ("heavy-tenants", 8000, 4, 0.5, {1, 2, 4, 8}),
+        ("short-requests", 26_000, 10, 0.3, {1}),
+    )
+    for shape, jobs, heavy_orgs, heavy_share, gpu_counts in shapes:
         path = tmp_path / f"{shape}.csv"
         assert script.main([shape, str(path)]) == 0
         again = tmp_path / "again.csv"
@@ -176,13 +180,9 @@ def test_the_synthetic_traces_replay_whole_in_the_shapes_they_promise(tmp_path):
         workload = trace_workload(path, gpu_types, duration_s=3600.0)
         assert len(workload.jobs) == jobs, workload.notes  # nothing dropped
         per_org = Counter(job.org.partition(".")[0] for job in workload.jobs)
-        heaviest = sum(n for _, n in per_org.most_common(10 if shape == "short-requests" else 4))
+        heaviest = sum(n for _, n in per_org.most_common(heavy_orgs))
         assert heaviest / jobs > heavy_share
-        gpus = Counter(job.gpu_count for job in workload.jobs)
-        if shape == "short-requests":
-            assert set(gpus) == {1}
-        else:
-            assert set(gpus) == {1, 2, 4, 8}
+        assert {job.gpu_count for job in workload.jobs} == gpu_counts
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shared Alibaba trace is not available")

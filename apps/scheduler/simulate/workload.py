@@ -341,12 +341,12 @@ def trace(
 
     Submit times are divided by `speedup` (default: the whole trace fits `duration_s`,
     every row kept; a given `speedup` leaves out, and counts, the rows it puts after
-    the window); run times are kept but capped at `max_work_s`; the declared max runtime is 1.5x the
-    (capped) run time; preemptible jobs checkpoint every 5 minutes. Rows whose GPU types
-    are unknown to the fleet keep only the known ones (dropped if none is left); rows
-    asking for more GPUs than a node has (`max_gpus_per_job`), and rows with a value
-    that is not a number, a known tier or a positive GPU count, are dropped; fractional
-    GPU counts are rounded up; the notes count each.
+    the window); run times are kept but capped at `max_work_s`; the declared max
+    runtime is 1.5x the (capped) run time; preemptible jobs checkpoint every 5 minutes.
+    Rows whose GPU types are unknown to the fleet keep only the known ones (dropped if
+    none is left); rows asking for more GPUs than a node has (`max_gpus_per_job`), and
+    rows with a value that is not a number, a known tier or a positive GPU count, are
+    dropped; fractional GPU counts are rounded up; the notes count each.
 
     A Gantry org has one tier, but the trace's synthetic orgs mix QoS classes, so each
     (org, tier) pair becomes its own org, named like `org-16.ent`."""
