@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from apps.core import health
 
 handler400 = "apps.core.errors.json_bad_request"
-handler404 = "apps.core.errors.json_not_found"
+handler404 = "apps.core.errors.not_found"
 handler500 = "apps.core.errors.json_server_error"
 
 v1 = [

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 
+from django.contrib import admin
 from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import JsonResponse
+from django.template.response import TemplateResponse
 from rest_framework import exceptions, status
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,14 @@ def problem(code: str, message: str, *, status_code: int, field: str | None = No
     return {"error": {"code": code, "message": message, "field": field}}
 
 
-def json_not_found(request, exception=None):
+def not_found(request, exception=None):
+    """The API's JSON shape everywhere but the admin, whose operators read an admin page
+    (with its navigation back) rather than a JSON body in their browser."""
+    if request.path.startswith("/admin/"):
+        response = TemplateResponse(
+            request, "admin/404.html", admin.site.each_context(request), status=404
+        )
+        return response.render()
     return JsonResponse(problem("not_found", "No such endpoint.", status_code=404), status=404)
 
 

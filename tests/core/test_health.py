@@ -35,3 +35,19 @@ def test_unknown_path_is_json_404(client):
 def test_request_id_is_echoed(client):
     response = client.get("/healthz", HTTP_X_REQUEST_ID="abc123")
     assert response["X-Request-Id"] == "abc123"
+
+
+@pytest.mark.django_db
+def test_an_unknown_admin_page_is_an_admin_html_404_with_its_navigation(admin_client):
+    response = admin_client.get("/admin/no-such-app/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
+    body = response.content.decode()
+    assert "Page not found" in body
+    assert 'href="/admin/"' in body  # the way back: the admin's header and breadcrumbs
+
+
+def test_an_unknown_api_path_stays_json_beside_the_admin(client):
+    response = client.get("/v1/admin/")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
