@@ -8,6 +8,7 @@ import pytest
 from apps.scheduler.policy import Place, PolicyConfig, UsageSnapshot, schedule
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
+NOW = 10_000.0
 NO_FLOORS = {"enterprise": 0.0, "paid": 0.0, "free": 0.0}
 
 
@@ -198,3 +199,29 @@ def test_a_fifo_slack_below_one_is_refused():
         PolicyConfig(within_tier_fifo_slack=0.5)
     with pytest.raises(ValueError, match="within_tier_fifo_backlog_s"):
         PolicyConfig(within_tier_fifo_backlog_s=-1.0)
+
+
+def test_a_newcomers_one_job_goes_before_floods_on_a_pool_with_fewer_gpus_than_orgs():
+    # Ten GPUs, ten enterprise orgs that have flooded the queue for twenty minutes and
+    # ran all along (one has just finished a job: a GPU is free), and a newcomer with one
+    # job: its share is 10/11 of a GPU. Jobs take whole GPUs, so one GPU is within that
+    # share. Judged on the fraction, the newcomer would want "more than its share", and
+    # the floods' twenty minutes of aging would keep its job behind their whole backlog
+    # (seen on `make up`'s ten GPUs with 100,000 queued: position 2,041, still queued
+    # minutes later).
+    pool = node("pool", gpus=10)
+    running = [
+        allocation(f"run{i}", pool, [i - 1], tier="enterprise", org=f"flood{i}", started_at=NOW - 5)
+        for i in range(1, 10)
+    ]
+    queue = [
+        job(f"flood{i}-{n}", tier="enterprise", org=f"flood{i}", submitted_at=NOW - 1200 + n)
+        for i in range(10)
+        for n in range(50)
+    ]
+    queue.append(job("newcomer", tier="enterprise", org="newcomer", submitted_at=NOW - 1))
+    # Each flood held about one GPU over the last twenty minutes.
+    lately = {f"flood{i}": 1200.0 for i in range(10)}
+    usage = UsageSnapshot(by_tier={"enterprise": 12_000.0}, by_org=lately)
+    decisions = schedule(snapshot([pool], queue, running=running, now=NOW, usage=usage))
+    assert [d.job_id for d in decisions if isinstance(d, Place)] == ["newcomer"]

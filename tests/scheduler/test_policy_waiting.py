@@ -57,6 +57,29 @@ def test_positions_and_estimates_follow_the_order_of_service():
     ]
 
 
+def test_with_every_gpu_busy_a_newcomer_stands_where_fair_share_will_serve_it():
+    # Two free orgs hold the pool and have queued for twenty minutes; free never
+    # preempts, so the round places nothing and reaches no job. A newcomer's one job will
+    # get the next GPU that frees up (fair share), so it stands first and expects that
+    # GPU, not the end of the floods' backlog as submission order would have it.
+    pool = node("pair", gpus=2)
+    held = [
+        allocation("r0", pool, [0], tier="free", org="flood-a", started_at=NOW, max_runtime_s=100),
+        allocation("r1", pool, [1], tier="free", org="flood-b", started_at=NOW, max_runtime_s=200),
+    ]
+    queue = [
+        job(f"{org}-{n}", tier="free", org=org, submitted_at=NOW - 1200 + n, max_runtime_s=100)
+        for org in ("flood-a", "flood-b")
+        for n in range(20)
+    ]
+    queue.append(job("newcomer", tier="free", org="newcomer", submitted_at=NOW - 1))
+    waiting = waiting_of(schedule_round(snapshot([pool], queue, running=held, now=NOW)))
+    assert (waiting["newcomer"].position, waiting["newcomer"].estimated_start) == (1, NOW + 100)
+    # The floods' jobs follow, in turn between the two orgs, each oldest first.
+    assert waiting["flood-a-0"].position < waiting["flood-a-1"].position
+    assert {waiting["flood-a-0"].position, waiting["flood-b-0"].position} == {2, 3}
+
+
 def test_observed_runtimes_shorten_the_estimate():
     pool = node("solo", gpus=1)
     busy = allocation("r", pool, [0], tier="paid", org="x", started_at=NOW, max_runtime_s=100)

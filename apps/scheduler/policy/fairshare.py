@@ -21,14 +21,15 @@ At each level the child with the lowest *priority key* goes next:
   floor lately yields to a burst of the tiers above it; one kept below it for long
   comes first.
 - Within a tier (`PolicyConfig.within_tier_fifo`), orgs whose entitlement
-  (`Entitlements`: max-min, by weight, capped by demand) covers all they want and what
-  they used lately go first, oldest job first, as strict priority would serve the
-  tier; the keys above order only the orgs that want more than their share. Fair share
-  then costs the tier's job waits nothing until some org wants more than its share.
-  And while a tier's whole queue would hold its entitlement for at most
-  `PolicyConfig.within_tier_fifo_backlog_s` (GPUs x max runtime), every org of it is
-  served so: a burst the tier drains in minutes goes in submission order, a heavy
-  tenant's jobs included; a flood, or a tier kept short of GPUs, keeps fair share.
+  (`Entitlements`: max-min, by weight, capped by demand; rounded up to whole GPUs, as
+  jobs take them) covers all they want and what they used lately go first, oldest job
+  first, as strict priority would serve the tier; the keys above order only the orgs
+  that want more than their share. Fair share then costs the tier's job waits nothing
+  until some org wants more than its share. And while a tier's whole queue would hold
+  its entitlement for at most `PolicyConfig.within_tier_fifo_backlog_s` (GPUs x max
+  runtime), every org of it is served so: a burst the tier drains in minutes goes in
+  submission order, a heavy tenant's jobs included; a flood, or a tier kept short of
+  GPUs, keeps fair share.
 - Within a user, jobs are offered oldest first (FIFO; ties in snapshot order); a younger job that
   fits may still start while an older one cannot (backfill, which reservations keep
   from delaying the older one).
@@ -491,7 +492,11 @@ class FairShareQueue:
         key = (tier, org.name)
         if tier in self._tiers_in_turn:
             return True  # a burst that the tier's share serves in minutes, not a flood
-        entitled = self.entitlements.org.get(key, 0.0) * self._fifo_slack + 1e-9  # float sums
+        entitled = self.entitlements.org.get(key, 0.0) * self._fifo_slack
+        # Jobs take whole GPUs: a share of 0.9 GPU entitles its org to one. On a pool
+        # shared by more orgs than GPUs, no org would otherwise be within its share, and
+        # the aging of other orgs' floods would keep a newcomer's one job behind them.
+        entitled = math.ceil(entitled - 1e-9)  # float sums: 2.0000000001 is 2
         wanted = running.by_tier_org.get(key, 0) + self.queued_gpus_by_org.get(key, 0)
         return wanted <= entitled and org.lately <= entitled
 

@@ -420,6 +420,15 @@ class _DispatchRound:
             if job.id not in placed_jobs and job.id not in seen:
                 seen.add(job.id)
                 order.append(job)
+        # The jobs the round did not reach, in the order fair share would serve them as
+        # GPUs free up (each charged as if placed), not in submission order: a newcomer
+        # that the next free GPU goes to stands first, not behind other orgs' floods.
+        if self.queue is not None:
+            while (pick := self.queue.peek()) is not None:
+                self.queue.consume(pick.job.gpu_count)
+                if pick.job.id not in placed_jobs and pick.job.id not in seen:
+                    seen.add(pick.job.id)
+                    order.append(pick.job)
         rest = [j for j in self.snapshot.queued if j.id not in placed_jobs and j.id not in seen]
         rest.sort(key=lambda j: (-TIER_RANK.get(j.tier, 0), j.submitted_at, str(j.id)))
         order += rest
