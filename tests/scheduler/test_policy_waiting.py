@@ -37,12 +37,18 @@ def test_a_paid_job_held_back_from_preempting_says_when_it_expects_the_gpu():
     assert mine.public_reason == "waiting for an H100: 1 of 1 busy"
 
 
-def test_positions_and_estimates_follow_the_order_of_service():
+def pair_held(tier, orgs):
+    """A two-GPU pool whose GPUs free up at NOW + 100 and NOW + 200, held by `orgs`."""
     pool = node("pair", gpus=2)
     held = [
-        allocation("r0", pool, [0], tier="paid", org="x", started_at=NOW, max_runtime_s=100),
-        allocation("r1", pool, [1], tier="paid", org="x", started_at=NOW, max_runtime_s=200),
+        allocation(f"r{i}", pool, [i], tier=tier, org=org, started_at=NOW, max_runtime_s=end)
+        for i, (org, end) in enumerate(zip(orgs, (100, 200), strict=True))
     ]
+    return pool, held
+
+
+def test_positions_and_estimates_follow_the_order_of_service():
+    pool, held = pair_held("paid", ("x", "x"))
     queue = [
         job("first", tier="paid", org="a", submitted_at=1.0, max_runtime_s=50),
         job("second", tier="paid", org="a", submitted_at=2.0, max_runtime_s=50),
@@ -62,11 +68,7 @@ def test_with_every_gpu_busy_a_newcomer_stands_where_fair_share_will_serve_it():
     # preempts, so the round places nothing and reaches no job. A newcomer's one job will
     # get the next GPU that frees up (fair share), so it stands first and expects that
     # GPU, not the end of the floods' backlog as submission order would have it.
-    pool = node("pair", gpus=2)
-    held = [
-        allocation("r0", pool, [0], tier="free", org="flood-a", started_at=NOW, max_runtime_s=100),
-        allocation("r1", pool, [1], tier="free", org="flood-b", started_at=NOW, max_runtime_s=200),
-    ]
+    pool, held = pair_held("free", ("flood-a", "flood-b"))
     queue = [
         job(f"{org}-{n}", tier="free", org=org, submitted_at=NOW - 1200 + n, max_runtime_s=100)
         for org in ("flood-a", "flood-b")
