@@ -278,7 +278,7 @@ def test_the_hold_back_expects_jobs_to_end_late_not_typically():
 def test_enterprise_waits_only_for_gpus_expected_within_seconds_and_only_seconds():
     # The free job, 100 s in, is expected to end 2 s from now at the late ratio (half
     # its max runtime): within enterprise's 3 s hold-back, less than a victim's 5 s
-    # grace, though its max runtime runs for 100 s more. Enterprise, 1 s past its 3 s
+    # grace, though its max runtime runs for 100 s more. Enterprise, 1 s past its
     # threshold, waits for it; a job expected to run 10 s more is preempted; and once
     # enterprise has waited its hold-back limit past its threshold, it waits no more.
     config = PolicyConfig()

@@ -97,7 +97,7 @@ def test_an_enterprise_job_behind_preemptible_free_work_expects_the_preemption_n
     )
     queue = [job("vip", tier="enterprise", org="e", submitted_at=NOW, max_runtime_s=60)]
     result = schedule_round(snapshot([pool], queue, running=[long_free], now=NOW))
-    assert result.decisions == []  # not yet past its 3 s preemption wait
+    assert result.decisions == []  # not yet past its preemption wait
     config = PolicyConfig()
     wait, grace = config.preemption_wait_s["enterprise"], config.preemption_grace_s
     assert waiting_of(result)["vip"].estimated_start == NOW + wait + grace + 1
