@@ -404,32 +404,31 @@ class _DispatchRound:
         """Why each job of the snapshot that the round did not place waits, where it
         stands and when it may start (see estimate.py)."""
         placed: dict = {}
-        placed_jobs = set()
-        for decision in self.decisions:
-            if isinstance(decision, Place):
-                placed_jobs.add(decision.job_id)
+        seen = set()  # the placed jobs, then each waiting job once it has its place
         queued_by_id = {job.id: job for job in self.snapshot.queued}
         for decision in self.decisions:
             if isinstance(decision, Place):
+                seen.add(decision.job_id)
                 job = queued_by_id[decision.job_id]
                 end = self.now + self.snapshot.runtime_ratio * job.max_runtime_s
                 placed.update(dict.fromkeys(decision.gpu_ids, end))
-        seen = set()
         order = []
-        for job in self.served:
-            if job.id not in placed_jobs and job.id not in seen:
+
+        def stand(job: QueuedJob) -> None:
+            if job.id not in seen:
                 seen.add(job.id)
                 order.append(job)
+
+        for job in self.served:
+            stand(job)
         # The jobs the round did not reach, in the order fair share would serve them as
         # GPUs free up (each charged as if placed), not in submission order: a newcomer
         # that the next free GPU goes to stands first, not behind other orgs' floods.
         if self.queue is not None:
             while (pick := self.queue.peek()) is not None:
                 self.queue.consume(pick.job.gpu_count)
-                if pick.job.id not in placed_jobs and pick.job.id not in seen:
-                    seen.add(pick.job.id)
-                    order.append(pick.job)
-        rest = [j for j in self.snapshot.queued if j.id not in placed_jobs and j.id not in seen]
+                stand(pick.job)
+        rest = [j for j in self.snapshot.queued if j.id not in seen]
         rest.sort(key=lambda j: (-TIER_RANK.get(j.tier, 0), j.submitted_at, str(j.id)))
         order += rest
         heaps = free_times(
