@@ -8,6 +8,7 @@ from prometheus_client import REGISTRY
 from apps.accounts.models import Tier
 from apps.jobs.models import Attempt
 from apps.scheduler.models import RecordedAttemptUsage, UsageAccount, UsageScope
+from apps.scheduler.policy import PolicyConfig
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.recovery import requeue_attempt
 from apps.scheduler.services.snapshot import build_snapshot
@@ -69,9 +70,7 @@ def test_an_attempt_that_never_started_records_nothing():
     assert not UsageAccount.objects.exists()
 
 
-def test_the_snapshot_reads_the_median_and_the_late_runtime_ratio_of_recent_attempts():
-    # Four jobs ran 20, 40, 60 and 80 % of their max runtime and succeeded: start
-    # estimates expect the median (50 %), the preemption hold-back the 75th percentile.
+def _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime():
     NodeFactory(gpus=4)
     jobs = [JobFactory(max_runtime_s=100) for _ in range(4)]
     run_dispatch_tick()
@@ -81,10 +80,24 @@ def test_the_snapshot_reads_the_median_and_the_late_runtime_ratio_of_recent_atte
             finished_at=attempt.started_at + timedelta(seconds=ran), exit_class="succeeded"
         )
 
-    cluster = build_snapshot().cluster
+
+def test_the_snapshot_reads_the_median_and_the_late_runtime_ratio_of_recent_attempts():
+    # Start estimates expect the median (50 %), the preemption hold-back the 75th
+    # percentile, once as many attempts finished as the policy asks for.
+    _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime()
+
+    cluster = build_snapshot(config=PolicyConfig(runtime_ratio_min_samples=4)).cluster
 
     assert cluster.runtime_ratio == pytest.approx(0.5, abs=0.01)
     assert cluster.late_runtime_ratio == pytest.approx(0.65, abs=0.01)
+
+
+def test_too_few_finished_attempts_expect_every_job_to_run_its_whole_max_runtime():
+    _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime()
+
+    cluster = build_snapshot(config=PolicyConfig(runtime_ratio_min_samples=5)).cluster
+
+    assert (cluster.runtime_ratio, cluster.late_runtime_ratio) == (1.0, 1.0)
 
 
 def _sample(name, labels=None):

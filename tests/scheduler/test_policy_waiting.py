@@ -4,7 +4,13 @@ import math
 
 import pytest
 
-from apps.scheduler.policy import PolicyConfig, UsageSnapshot, schedule, schedule_round
+from apps.scheduler.policy import (
+    PolicyConfig,
+    UsageSnapshot,
+    observed_runtime_ratios,
+    schedule,
+    schedule_round,
+)
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
 NOW = 1000.0
@@ -88,6 +94,22 @@ def test_observed_runtimes_shorten_the_estimate():
     snap = snapshot([pool], [job("mine", submitted_at=NOW)], running=[busy], now=NOW)
     snap.runtime_ratio = 0.25
     assert waiting_of(schedule_round(snap))["mine"].estimated_start == NOW + 25
+
+
+def test_observed_runtime_ratios_are_the_median_and_the_75th_percentile_interpolated():
+    ran = [0.2, 0.4, 0.6, 0.8]
+    assert observed_runtime_ratios(ran, min_samples=4) == pytest.approx((0.5, 0.65))
+
+
+def test_observed_runtime_ratios_stay_within_a_hundredth_and_the_whole_runtime():
+    # A job that ran past its max runtime (the grace to stop) or for no time at all.
+    assert observed_runtime_ratios([0.0, 0.0, 1.4], min_samples=1) == (0.01, pytest.approx(0.505))
+
+
+def test_one_short_finished_job_does_not_make_every_running_job_look_about_to_end():
+    assert observed_runtime_ratios([], min_samples=10) == (1.0, 1.0)
+    assert observed_runtime_ratios([0.02] * 9, min_samples=10) == (1.0, 1.0)
+    assert observed_runtime_ratios([0.02] * 10, min_samples=10) == (0.02, 0.02)
 
 
 def test_an_enterprise_job_behind_preemptible_free_work_expects_the_preemption_not_its_end():

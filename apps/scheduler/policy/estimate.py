@@ -43,6 +43,26 @@ def stretch_by_tier(held_above: Mapping[str, float], capacity: int) -> dict[str,
     return {tier: 1.0 + min(1.0, gpus / capacity) for tier, gpus in held_above.items()}
 
 
+def observed_runtime_ratios(ratios: Iterable[float], *, min_samples: int) -> tuple[float, float]:
+    """The typical (median) and the late (75th percentile) share of their max runtime
+    that recently finished attempts ran, each within [0.01, 1] and interpolated as
+    PostgreSQL's `percentile_cont`: `ClusterSnapshot.runtime_ratio` and
+    `late_runtime_ratio`, as the dispatch tick and the simulator both read them. From
+    fewer than `min_samples` attempts, (1.0, 1.0): a job is expected to run its whole max
+    runtime until enough have finished to say otherwise."""
+    ordered = sorted(min(1.0, max(0.01, float(ratio))) for ratio in ratios)
+    if not ordered or len(ordered) < min_samples:
+        return 1.0, 1.0
+    return _percentile(ordered, 0.5), _percentile(ordered, 0.75)
+
+
+def _percentile(ordered: Sequence[float], fraction: float) -> float:
+    position = fraction * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
 def typical_end(
     allocation: RunningAllocation,
     *,

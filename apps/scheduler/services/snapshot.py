@@ -47,6 +47,7 @@ from apps.scheduler.policy import (
     UsageSnapshot,
     backlog_beside,
     garbage_collector_paused,
+    observed_runtime_ratios,
 )
 from apps.scheduler.policy import Gpu as PolicyGpu
 from apps.scheduler.policy import GpuType as PolicyGpuType
@@ -95,7 +96,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         org_ids = {job.org for job in queued} | {a.org for a in running}
         org_weights = _org_weights(org_ids)
         usage = _usage(db_now, held_by_owner, config)
-        runtime_ratio, late_runtime_ratio = _runtime_ratios()
+        runtime_ratio, late_runtime_ratio = _runtime_ratios(config)
     cluster = ClusterSnapshot(
         now=now,
         gpu_types=gpu_types,
@@ -114,31 +115,24 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
     )
 
 
-# The median and the 75th percentile share of max_runtime_s that recent successful
-# attempts ran (start-time estimates expect a job to run the median; the preemption
-# hold-back the late one); 1.0 while nothing finished lately.
+# The share of max_runtime_s that recent successful attempts ran, newest first (the
+# policy's `observed_runtime_ratios` turns them into the typical and the late ratio).
 _RUNTIME_RATIO_SQL = f"""
-SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio),
-       percentile_cont(0.75) WITHIN GROUP (ORDER BY ratio) FROM (
-    SELECT extract(epoch FROM a.finished_at - a.started_at) / greatest(j.max_runtime_s, 1)
-           AS ratio
-      FROM {Attempt._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
-     WHERE a.started_at IS NOT NULL AND a.finished_at >= now() - interval '1 hour'
-       AND a.exit_class = 'succeeded'
-     ORDER BY a.finished_at DESC
-     LIMIT 200
-) AS recent
+SELECT extract(epoch FROM a.finished_at - a.started_at) / greatest(j.max_runtime_s, 1)
+  FROM {Attempt._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
+ WHERE a.started_at IS NOT NULL AND a.finished_at >= now() - interval '1 hour'
+   AND a.exit_class = 'succeeded'
+ ORDER BY a.finished_at DESC
+ LIMIT 200
 """  # noqa: S608 (table names from model metadata)
 
 
-def _runtime_ratios() -> tuple[float, float]:
-    """The median and the late (75th percentile) runtime ratio, read in one query."""
-    median, late = _rows(_RUNTIME_RATIO_SQL)[0]
-    return _bounded_ratio(median), _bounded_ratio(late)
-
-
-def _bounded_ratio(ratio) -> float:
-    return 1.0 if ratio is None else min(1.0, max(0.01, float(ratio)))
+def _runtime_ratios(config: PolicyConfig) -> tuple[float, float]:
+    """The typical and the late runtime ratio of up to 200 attempts of the last hour."""
+    return observed_runtime_ratios(
+        (ratio for (ratio,) in _rows(_RUNTIME_RATIO_SQL)),
+        min_samples=config.runtime_ratio_min_samples,
+    )
 
 
 def _org_weights(org_ids: set[str]) -> dict[str, float]:

@@ -55,6 +55,7 @@ from apps.scheduler.policy import (
     RoundResult,
     RunningAllocation,
     backlog_beside,
+    observed_runtime_ratios,
 )
 from apps.scheduler.policy.window import listed_users, window_depth
 
@@ -440,12 +441,11 @@ class Simulation:
         self._window_ticks = 0
 
     def observed_runtime_ratios(self) -> tuple[float, float]:
-        """The median and the 75th percentile share of max_runtime_s that recently
-        finished jobs ran (1.0 before any job finished), as the dispatcher reads them."""
-        ratios = sorted(self.runtime_ratios)
-        if not ratios:
-            return 1.0, 1.0
-        return ratios[len(ratios) // 2], ratios[min(len(ratios) - 1, len(ratios) * 3 // 4)]
+        """The typical and the late share of max_runtime_s that recently finished jobs
+        ran, as the dispatcher reads them."""
+        return observed_runtime_ratios(
+            self.runtime_ratios, min_samples=self.config.runtime_ratio_min_samples
+        )
 
     def _integrate(self, at: float) -> None:
         if at > self._clock:
