@@ -71,25 +71,31 @@ def test_an_attempt_that_never_started_records_nothing():
 
 
 def _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime():
+    """Four jobs of one paid org; returns their tier."""
     NodeFactory(gpus=4)
-    jobs = [JobFactory(max_runtime_s=100) for _ in range(4)]
+    org = OrgFactory(tier=Tier.PAID)
+    jobs = [JobFactory(max_runtime_s=100, org=org) for _ in range(4)]
     run_dispatch_tick()
     for job, ran in zip(jobs, (20, 40, 60, 80), strict=True):
         attempt = start_attempt(live_attempt(job), ran_for_s=ran)
         Attempt.objects.filter(pk=attempt.pk).update(
             finished_at=attempt.started_at + timedelta(seconds=ran), exit_class="succeeded"
         )
+    return jobs[0].tier
 
 
-def test_the_snapshot_reads_the_median_and_the_late_runtime_ratio_of_recent_attempts():
+def test_the_snapshot_reads_each_tiers_median_and_late_runtime_ratio_of_its_recent_attempts():
     # Start estimates expect the median (50 %), the preemption hold-back the 75th
-    # percentile, once as many attempts finished as the policy asks for.
-    _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime()
+    # percentile, once as many of the tier's attempts finished as the policy asks for;
+    # the other tiers, with none, expect their jobs to run their whole max runtime.
+    assert _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime() == Tier.PAID
 
     cluster = build_snapshot(config=PolicyConfig(runtime_ratio_min_samples=4)).cluster
 
-    assert cluster.runtime_ratio == pytest.approx(0.5, abs=0.01)
-    assert cluster.late_runtime_ratio == pytest.approx(0.65, abs=0.01)
+    assert cluster.typical_ratio(Tier.PAID) == pytest.approx(0.5, abs=0.01)
+    assert cluster.late_ratio(Tier.PAID) == pytest.approx(0.65, abs=0.01)
+    assert cluster.runtime_ratios_by_tier[Tier.FREE] == (1.0, 1.0)
+    assert cluster.runtime_ratios_by_tier[Tier.ENTERPRISE] == (1.0, 1.0)
 
 
 def test_too_few_finished_attempts_expect_every_job_to_run_its_whole_max_runtime():
@@ -97,7 +103,7 @@ def test_too_few_finished_attempts_expect_every_job_to_run_its_whole_max_runtime
 
     cluster = build_snapshot(config=PolicyConfig(runtime_ratio_min_samples=5)).cluster
 
-    assert (cluster.runtime_ratio, cluster.late_runtime_ratio) == (1.0, 1.0)
+    assert cluster.runtime_ratios_by_tier[Tier.PAID] == (1.0, 1.0)
 
 
 def _sample(name, labels=None):

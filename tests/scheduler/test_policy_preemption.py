@@ -275,6 +275,22 @@ def test_the_hold_back_expects_jobs_to_end_late_not_typically():
     assert preempts(late)[0].node == "free-node"
 
 
+def test_the_hold_back_expects_a_free_job_to_run_as_free_jobs_ran_not_as_enterprise_ones():
+    # Enterprise's own requests ran 1 % of their max runtime, which would put the end of
+    # this free job (10 s into 1,200) 2 s from now, within enterprise's hold-back. Free
+    # jobs ran half of theirs: it ends in ten minutes, and enterprise preempts it.
+    threshold = NO_FLOORS.preemption_wait_s["enterprise"]
+    urgent = [job("e", tier="enterprise", org="e", gpus=8, submitted_at=NOW - threshold - 1)]
+    on, held = full_node("free-node", "free", started_at=NOW - 10, max_runtime_s=1200)
+    shot = snapshot([on], urgent, running=[held], now=NOW, config=NO_FLOORS)
+    by_enterprise_alone = replace(shot, runtime_ratio=0.01, late_runtime_ratio=0.01)
+    assert preempts(schedule(by_enterprise_alone)) == []
+    by_tier = replace(
+        by_enterprise_alone, runtime_ratios_by_tier={"enterprise": (0.01, 0.01), "free": (0.5, 0.5)}
+    )
+    assert preempts(schedule(by_tier))[0].node == "free-node"
+
+
 def test_enterprise_waits_only_for_gpus_expected_within_seconds_and_only_seconds():
     # The free job, 100 s in, is expected to end 2 s from now at the late ratio (half
     # its max runtime): within enterprise's 3 s hold-back, less than a victim's 5 s

@@ -8,6 +8,7 @@ from apps.scheduler.policy import (
     PolicyConfig,
     UsageSnapshot,
     observed_runtime_ratios,
+    observed_runtime_ratios_by_tier,
     schedule,
     schedule_round,
 )
@@ -110,6 +111,15 @@ def test_one_short_finished_job_does_not_make_every_running_job_look_about_to_en
     assert observed_runtime_ratios([], min_samples=10) == (1.0, 1.0)
     assert observed_runtime_ratios([0.02] * 9, min_samples=10) == (1.0, 1.0)
     assert observed_runtime_ratios([0.02] * 10, min_samples=10) == (0.02, 0.02)
+
+
+def test_observed_runtime_ratios_are_read_for_each_tier_from_its_own_attempts():
+    ran = [("free", 0.5)] * 10 + [("enterprise", 0.02)] * 10 + [("paid", 0.3)] * 3
+    assert observed_runtime_ratios_by_tier(ran, min_samples=10) == {
+        "free": (0.5, 0.5),
+        "enterprise": (0.02, 0.02),
+        "paid": (1.0, 1.0),
+    }
 
 
 def test_an_enterprise_job_behind_preemptible_free_work_expects_the_preemption_not_its_end():

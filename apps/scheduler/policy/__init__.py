@@ -15,7 +15,7 @@ best-fit, reservations and backfill, `preemption.py` for victims and entitlement
 """
 
 from .config import ENTERPRISE, FREE, PAID, TIER_RANK, TIERS, PolicyConfig, policy_with
-from .estimate import observed_runtime_ratios
+from .estimate import observed_runtime_ratios, observed_runtime_ratios_by_tier
 from .fairshare import FairShareQueue, Pick, RunningGpus, water_fill
 from .gc_pause import garbage_collector_paused
 from .placement import CapacityIndex, Pool, Reservation
@@ -80,6 +80,7 @@ __all__ = [
     "is_victim_candidate",
     "listed_users",
     "observed_runtime_ratios",
+    "observed_runtime_ratios_by_tier",
     "policy_with",
     "queue_window",
     "schedule",

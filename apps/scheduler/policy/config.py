@@ -179,12 +179,12 @@ class PolicyConfig:
     bounded, 11 s. Paid's is unbounded: bounding it to its minute cost bursty's work lost
     (16 GPUs at 1x, seeds 1-20, mean 0.98 -> 1.63 %)."""
     runtime_ratio_min_samples: int = 10
-    """How many recently finished attempts the observed runtime ratios need; with fewer,
-    every running job is expected to run its whole max runtime (ratio 1). One short job
-    that finished first made every running job look about to end: on `make up`, ten GPUs
-    held by free jobs, the second and third enterprise jobs were held back to the limit
-    (6.9 / 9.5 / 9.7 s to start); with this rule 12 of 12 started in 6.0-7.2 s, before and
-    after the tenth finish (docs/simulator.md, "Runtime ratios from ten finishes")."""
+    """How many of a tier's recently finished attempts its observed runtime ratios need;
+    with fewer, its running jobs are expected to run their whole max runtime (ratio 1).
+    On `make up`, ten GPUs held by free jobs, the ratio of one short enterprise job made
+    free jobs look about to end, and held the next enterprise jobs back to the limit
+    (9.5 and 9.7 s to start; docs/simulator.md, "Runtime ratios per tier, from ten
+    finishes")."""
     max_preemptions_per_job: int = 2
     """A job preempted this many times is no longer a victim."""
     min_runtime_before_preemption_s: float = 0.0

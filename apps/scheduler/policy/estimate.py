@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from .config import TIER_RANK
+from .config import TIER_RANK, TIERS
 from .snapshot import Id, Node, NodeState, QueuedJob, RunningAllocation
 
 # Beyond this many seconds an estimate says nothing useful: reported as unknown.
@@ -54,6 +54,20 @@ def observed_runtime_ratios(ratios: Iterable[float], *, min_samples: int) -> tup
     if not ordered or len(ordered) < min_samples:
         return 1.0, 1.0
     return _percentile(ordered, 0.5), _percentile(ordered, 0.75)
+
+
+def observed_runtime_ratios_by_tier(
+    ratios: Iterable[tuple[str, float]], *, min_samples: int
+) -> dict[str, tuple[float, float]]:
+    """tier -> `observed_runtime_ratios` of that tier's own (tier, ratio) samples, for
+    every tier ((1.0, 1.0) for one with too few): `ClusterSnapshot.runtime_ratios_by_tier`."""
+    by_tier: dict[str, list[float]] = {tier: [] for tier in TIERS}
+    for tier, ratio in ratios:
+        by_tier.setdefault(tier, []).append(ratio)
+    return {
+        tier: observed_runtime_ratios(sample, min_samples=min_samples)
+        for tier, sample in by_tier.items()
+    }
 
 
 def _percentile(ordered: Sequence[float], fraction: float) -> float:
@@ -93,16 +107,20 @@ def free_times(
     placed: Mapping[Id, float],
     *,
     now: float,
-    runtime_ratio: float,
+    runtime_ratio: Callable[[str], float],
     stop_delay_s: float,
 ) -> dict[str, list[float]]:
     """GPU type -> a min-heap of the times each GPU of that type is expected to be free.
 
-    `placed`: GPU id -> expected end of a job placed on it in this round."""
+    `placed`: GPU id -> expected end of a job placed on it in this round;
+    `runtime_ratio`: tier -> the share of its max runtime a job of it is expected to run."""
     ends: dict[Id, float] = {}
     for allocation in running:
         end = typical_end(
-            allocation, now=now, runtime_ratio=runtime_ratio, stop_delay_s=stop_delay_s
+            allocation,
+            now=now,
+            runtime_ratio=runtime_ratio(allocation.tier),
+            stop_delay_s=stop_delay_s,
         )
         for gpu_id in allocation.gpu_ids:
             ends[gpu_id] = end
@@ -178,7 +196,7 @@ def estimate(
     allowed_types: Callable[[QueuedJob], tuple[str, ...]],
     *,
     now: float,
-    runtime_ratio: float,
+    runtime_ratio: Callable[[str], float],
     stretch: Mapping[str, float] | None = None,
     victims: Victims | None = None,
 ) -> dict[Id, tuple[int, float | None]]:
@@ -218,7 +236,7 @@ def estimate(
             result[job.id] = (ahead + 1, preempting)
             continue
         heap = heaps[best_type]
-        end = best_start + runtime_ratio * job.max_runtime_s
+        end = best_start + runtime_ratio(job.tier) * job.max_runtime_s
         for _ in range(job.gpu_count):
             heapq.heapreplace(heap, end)
         result[job.id] = (ahead + 1, start if start - now <= HORIZON_S else None)

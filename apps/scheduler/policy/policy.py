@@ -410,7 +410,7 @@ class _DispatchRound:
             if isinstance(decision, Place):
                 seen.add(decision.job_id)
                 job = queued_by_id[decision.job_id]
-                end = self.now + self.snapshot.runtime_ratio * job.max_runtime_s
+                end = self.now + self.snapshot.typical_ratio(job.tier) * job.max_runtime_s
                 placed.update(dict.fromkeys(decision.gpu_ids, end))
         order = []
 
@@ -436,7 +436,7 @@ class _DispatchRound:
             self.snapshot.running,
             placed,
             now=self.now,
-            runtime_ratio=self.snapshot.runtime_ratio,
+            runtime_ratio=self.snapshot.typical_ratio,
             stop_delay_s=self.config.preemption_grace_s,
         )
         estimates = estimate(
@@ -444,7 +444,7 @@ class _DispatchRound:
             heaps,
             self.index.allowed_types,
             now=self.now,
-            runtime_ratio=self.snapshot.runtime_ratio,
+            runtime_ratio=self.snapshot.typical_ratio,
             stretch=stretch_by_tier(self._held_above_lately(), self.capacity),
             victims=Victims(
                 ((pool.gpu_type, a) for pool in self.index.pools for a in pool.allocations),
@@ -735,7 +735,7 @@ class _DispatchRound:
                 end = typical_end(
                     allocation,
                     now=self.now,
-                    runtime_ratio=self.snapshot.late_runtime_ratio,
+                    runtime_ratio=self.snapshot.late_ratio(allocation.tier),
                     stop_delay_s=self.config.preemption_grace_s,
                     bound_overdue=True,
                 )

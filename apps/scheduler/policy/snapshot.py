@@ -144,6 +144,22 @@ class ClusterSnapshot:
     percentile of recent attempts). A preemption is held back (`preemption_hold_back_s`)
     only for GPUs expected free by this ratio: at the median, half the jobs run longer
     than expected, and on a large fleet some node always looked about to free up."""
+    runtime_ratios_by_tier: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """tier -> (typical, late) ratio observed on that tier's own recent attempts, which
+    its jobs are expected to run instead of the two above (those are for a tier missing
+    here). Per tier because tiers run different work: on `make up`, enterprise's short
+    requests (1.5 s of a 600 s max runtime) made free jobs of 300 s look about to end,
+    and held enterprise's next preemption back."""
+
+    def typical_ratio(self, tier: str) -> float:
+        """The share of its max runtime a job of `tier` is expected to run."""
+        ratios = self.runtime_ratios_by_tier.get(tier)
+        return self.runtime_ratio if ratios is None else ratios[0]
+
+    def late_ratio(self, tier: str) -> float:
+        """The share of its max runtime a job of `tier` runs at the late end."""
+        ratios = self.runtime_ratios_by_tier.get(tier)
+        return self.late_runtime_ratio if ratios is None else ratios[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from apps.scheduler.policy import (
     UsageSnapshot,
     backlog_beside,
     garbage_collector_paused,
-    observed_runtime_ratios,
+    observed_runtime_ratios_by_tier,
 )
 from apps.scheduler.policy import Gpu as PolicyGpu
 from apps.scheduler.policy import GpuType as PolicyGpuType
@@ -96,7 +96,7 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         org_ids = {job.org for job in queued} | {a.org for a in running}
         org_weights = _org_weights(org_ids)
         usage = _usage(db_now, held_by_owner, config)
-        runtime_ratio, late_runtime_ratio = _runtime_ratios(config)
+        runtime_ratios = _runtime_ratios(config)
     cluster = ClusterSnapshot(
         now=now,
         gpu_types=gpu_types,
@@ -107,31 +107,33 @@ def build_snapshot(*, config: PolicyConfig | None = None) -> DispatchSnapshot:
         usage=usage,
         config=config,
         backlog=backlog,
-        runtime_ratio=runtime_ratio,
-        late_runtime_ratio=late_runtime_ratio,
+        runtime_ratios_by_tier=runtime_ratios,
     )
     return DispatchSnapshot(
         cluster=cluster, db_now=db_now, queue_depth=depth, queued_loaded=len(queued)
     )
 
 
-# The share of max_runtime_s that recent successful attempts ran, newest first (the
-# policy's `observed_runtime_ratios` turns them into the typical and the late ratio).
+# Each tier's share of max_runtime_s that its recent successful attempts ran, newest
+# first (the policy's `observed_runtime_ratios_by_tier` turns them into each tier's
+# typical and late ratio).
 _RUNTIME_RATIO_SQL = f"""
-SELECT extract(epoch FROM a.finished_at - a.started_at) / greatest(j.max_runtime_s, 1)
+SELECT j.tier,
+       extract(epoch FROM a.finished_at - a.started_at) / greatest(j.max_runtime_s, 1)
   FROM {Attempt._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
  WHERE a.started_at IS NOT NULL AND a.finished_at >= now() - interval '1 hour'
    AND a.exit_class = 'succeeded'
  ORDER BY a.finished_at DESC
- LIMIT 200
+ LIMIT 600
 """  # noqa: S608 (table names from model metadata)
 
 
-def _runtime_ratios(config: PolicyConfig) -> tuple[float, float]:
-    """The typical and the late runtime ratio of up to 200 attempts of the last hour."""
-    return observed_runtime_ratios(
-        (ratio for (ratio,) in _rows(_RUNTIME_RATIO_SQL)),
-        min_samples=config.runtime_ratio_min_samples,
+def _runtime_ratios(config: PolicyConfig) -> dict[str, tuple[float, float]]:
+    """Each tier's typical and late runtime ratio, from the newest 600 successful attempts
+    of the last hour, whatever their tiers (a tier with fewer than the policy's minimum
+    among them expects its jobs to run their whole max runtime)."""
+    return observed_runtime_ratios_by_tier(
+        _rows(_RUNTIME_RATIO_SQL), min_samples=config.runtime_ratio_min_samples
     )
 
 

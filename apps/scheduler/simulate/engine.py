@@ -55,7 +55,7 @@ from apps.scheduler.policy import (
     RoundResult,
     RunningAllocation,
     backlog_beside,
-    observed_runtime_ratios,
+    observed_runtime_ratios_by_tier,
 )
 from apps.scheduler.policy.window import listed_users, window_depth
 
@@ -66,7 +66,7 @@ from .workload import JobSpec, Workload
 PolicyFunction = Callable[[ClusterSnapshot], list[Decision] | RoundResult]
 
 JAIN_WINDOW_S = 60  # Jain's index is taken over windows of this many ticks
-RUNTIME_SAMPLE = 200  # the runtime ratio is the median over this many recent finishes
+RUNTIME_SAMPLE = 600  # the runtime ratios are read from this many recent finishes
 
 DEFAULT_QUEUE_QUOTA: dict[str, int | None] = {"free": 1, "paid": 8, "enterprise": None}
 
@@ -233,7 +233,7 @@ class Simulation:
         self.demand_windows: list[dict] = []
         self._window_sums: dict[str, list[float]] = {}  # org -> [GPUs held, GPUs wanted]
         self._window_ticks = 0
-        self.runtime_ratios: list[float] = []
+        self.runtime_ratios: list[tuple[str, float]] = []  # (tier, ratio), oldest first
         self._wake_window_end = -math.inf  # the debounce window of the last wake-up sent
         self._trailing_wake_at = -math.inf  # when the queued trailing wake-up runs
         self.wake_ups = True
@@ -440,10 +440,10 @@ class Simulation:
         self._window_sums = {}
         self._window_ticks = 0
 
-    def observed_runtime_ratios(self) -> tuple[float, float]:
-        """The typical and the late share of max_runtime_s that recently finished jobs
-        ran, as the dispatcher reads them."""
-        return observed_runtime_ratios(
+    def observed_runtime_ratios(self) -> dict[str, tuple[float, float]]:
+        """Each tier's typical and late share of max_runtime_s that its recently finished
+        jobs ran, as the dispatcher reads them."""
+        return observed_runtime_ratios_by_tier(
             self.runtime_ratios, min_samples=self.config.runtime_ratio_min_samples
         )
 
@@ -465,7 +465,7 @@ class Simulation:
 
     def _snapshot(self, now: float) -> ClusterSnapshot:
         queued, backlog = self._queue_window()
-        median_ratio, late_ratio = self.observed_runtime_ratios()
+        runtime_ratios = self.observed_runtime_ratios()
         running = []
         for allocation in self.allocations.values():
             record = allocation.record
@@ -484,8 +484,7 @@ class Simulation:
             usage=self.usage.snapshot(now),
             config=self.config,
             backlog=backlog,
-            runtime_ratio=median_ratio,
-            late_runtime_ratio=late_ratio,
+            runtime_ratios_by_tier=runtime_ratios,
         )
 
     def _queue_window(self) -> tuple[list[QueuedJob], dict[tuple[str, str], QueueBacklog]]:
@@ -654,7 +653,8 @@ class Simulation:
         self._release(allocation, at)
         allocation.job.record.finished_at = at
         spec = allocation.job.spec
-        self.runtime_ratios.append(spec.work_s / spec.max_runtime_s if spec.max_runtime_s else 1.0)
+        ratio = spec.work_s / spec.max_runtime_s if spec.max_runtime_s else 1.0
+        self.runtime_ratios.append((spec.tier, ratio))
         if len(self.runtime_ratios) > RUNTIME_SAMPLE:
             del self.runtime_ratios[0]
 
