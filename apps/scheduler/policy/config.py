@@ -154,7 +154,7 @@ class PolicyConfig:
     runtime ratio; a job already past that is bounded only by its max runtime); None =
     never held back. Reclaims (any tier, before its threshold) hold back within
     `preemption_grace_s`. Running jobs count at the late runtime ratio
-    (`ClusterSnapshot.late_runtime_ratio`, the 75th percentile): at the median, half of
+    (each tier's own, `ClusterSnapshot.late_ratio`, the 75th percentile): at the median, half of
     them ran late, and on a large fleet some node always looked about to free up
     (steady, enterprise holding back 3 s: p95 9 -> 162 s). Enterprise waits within 3 s,
     less than its victims' grace, for at most 3 s (`preemption_hold_back_limit_s`):

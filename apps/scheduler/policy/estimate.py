@@ -46,10 +46,9 @@ def stretch_by_tier(held_above: Mapping[str, float], capacity: int) -> dict[str,
 def observed_runtime_ratios(ratios: Iterable[float], *, min_samples: int) -> tuple[float, float]:
     """The typical (median) and the late (75th percentile) share of their max runtime
     that recently finished attempts ran, each within [0.01, 1] and interpolated as
-    PostgreSQL's `percentile_cont`: `ClusterSnapshot.runtime_ratio` and
-    `late_runtime_ratio`, as the dispatch tick and the simulator both read them. From
-    fewer than `min_samples` attempts, (1.0, 1.0): a job is expected to run its whole max
-    runtime until enough have finished to say otherwise."""
+    PostgreSQL's `percentile_cont`. From fewer than `min_samples` attempts, (1.0, 1.0): a
+    job is expected to run its whole max runtime until enough have finished to say
+    otherwise."""
     ordered = sorted(min(1.0, max(0.01, float(ratio))) for ratio in ratios)
     if not ordered or len(ordered) < min_samples:
         return 1.0, 1.0
@@ -60,7 +59,8 @@ def observed_runtime_ratios_by_tier(
     ratios: Iterable[tuple[str, float]], *, min_samples: int
 ) -> dict[str, tuple[float, float]]:
     """tier -> `observed_runtime_ratios` of that tier's own (tier, ratio) samples, for
-    every tier ((1.0, 1.0) for one with too few): `ClusterSnapshot.runtime_ratios_by_tier`."""
+    every tier ((1.0, 1.0) for one with too few): `ClusterSnapshot.runtime_ratios_by_tier`,
+    as the dispatch tick and the simulator both read it."""
     by_tier: dict[str, list[float]] = {tier: [] for tier in TIERS}
     for tier, ratio in ratios:
         by_tier.setdefault(tier, []).append(ratio)

@@ -137,19 +137,21 @@ class ClusterSnapshot:
     backlog: Mapping[tuple[str, str], QueueBacklog] = field(default_factory=dict)
     """(tier, org) -> queued jobs not listed in `queued` (beyond each user's depth)."""
     runtime_ratio: float = 1.0
-    """How much of its max_runtime_s a job runs, typically (observed: the median of
-    recent attempts). Start-time estimates expect each job to run this fraction."""
+    """How much of its max_runtime_s a job runs, typically (the median of recent
+    attempts), for a tier missing from `runtime_ratios_by_tier`. Start-time estimates
+    expect each job to run this fraction."""
     late_runtime_ratio: float = 1.0
-    """How much of its max_runtime_s a job runs at the late end (observed: the 75th
-    percentile of recent attempts). A preemption is held back (`preemption_hold_back_s`)
-    only for GPUs expected free by this ratio: at the median, half the jobs run longer
-    than expected, and on a large fleet some node always looked about to free up."""
+    """How much of its max_runtime_s a job runs at the late end (the 75th percentile of
+    recent attempts), for a tier missing from `runtime_ratios_by_tier`. A preemption is
+    held back (`preemption_hold_back_s`) only for GPUs expected free by this ratio: at the
+    median, half the jobs run longer than expected, and on a large fleet some node always
+    looked about to free up."""
     runtime_ratios_by_tier: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """tier -> (typical, late) ratio observed on that tier's own recent attempts, which
-    its jobs are expected to run instead of the two above (those are for a tier missing
-    here). Per tier because tiers run different work: on `make up`, enterprise's short
-    requests (1.5 s of a 600 s max runtime) made free jobs of 300 s look about to end,
-    and held enterprise's next preemption back."""
+    its jobs are expected to run instead of the two above (the dispatch tick and the
+    simulator give every tier). Per tier because tiers run different work: on `make up`,
+    enterprise's short requests (1.5 s of a 600 s max runtime) made free jobs of 300 s
+    look about to end, and held enterprise's next preemption back."""
 
     def typical_ratio(self, tier: str) -> float:
         """The share of its max runtime a job of `tier` is expected to run."""
