@@ -35,6 +35,7 @@ import heapq
 import math
 import operator
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -233,7 +234,10 @@ class Simulation:
         self.demand_windows: list[dict] = []
         self._window_sums: dict[str, list[float]] = {}  # org -> [GPUs held, GPUs wanted]
         self._window_ticks = 0
-        self.runtime_ratios: list[tuple[str, float]] = []  # (tier, ratio), oldest first
+        # (tier, ratio) of the last RUNTIME_SAMPLE finishes, and what they give (read again
+        # only after a finish: rounds far outnumber finishes).
+        self.runtime_ratios: deque[tuple[str, float]] = deque(maxlen=RUNTIME_SAMPLE)
+        self._runtime_ratios_by_tier: dict[str, tuple[float, float]] | None = None
         self._wake_window_end = -math.inf  # the debounce window of the last wake-up sent
         self._trailing_wake_at = -math.inf  # when the queued trailing wake-up runs
         self.wake_ups = True
@@ -443,9 +447,11 @@ class Simulation:
     def observed_runtime_ratios(self) -> dict[str, tuple[float, float]]:
         """Each tier's typical and late share of max_runtime_s that its recently finished
         jobs ran, as the dispatcher reads them."""
-        return observed_runtime_ratios_by_tier(
-            self.runtime_ratios, min_samples=self.config.runtime_ratio_min_samples
-        )
+        if self._runtime_ratios_by_tier is None:
+            self._runtime_ratios_by_tier = observed_runtime_ratios_by_tier(
+                self.runtime_ratios, min_samples=self.config.runtime_ratio_min_samples
+            )
+        return self._runtime_ratios_by_tier
 
     def _integrate(self, at: float) -> None:
         if at > self._clock:
@@ -655,8 +661,7 @@ class Simulation:
         spec = allocation.job.spec
         ratio = spec.work_s / spec.max_runtime_s if spec.max_runtime_s else 1.0
         self.runtime_ratios.append((spec.tier, ratio))
-        if len(self.runtime_ratios) > RUNTIME_SAMPLE:
-            del self.runtime_ratios[0]
+        self._runtime_ratios_by_tier = None
 
     def _stop(self, allocation_id: str, at: float) -> None:
         allocation = self.allocations.get(allocation_id)
