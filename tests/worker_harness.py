@@ -252,8 +252,9 @@ class Worker(Process):
         return self.launch().wait_ready(timeout=timeout)
 
     def launch(self) -> Worker:
-        """Start the process without waiting for it (see wait_ready)."""
-        self.hostname = f"{self.node}@e2e-{uuid.uuid4().hex[:8]}"
+        """Start the process without waiting for it (see wait_ready); a new Celery name
+        unless it was given one (a restart under its old name)."""
+        self.hostname = self.hostname or f"{self.node}@e2e-{uuid.uuid4().hex[:8]}"
         self.argv = celery_worker_argv(
             queue=f"node.{self.node}",
             hostname=self.hostname,
@@ -310,10 +311,14 @@ class WorkerPool:
     def start(self, node: str, *, slots: int = 2, extra_env: dict | None = None) -> Worker:
         return self.launch(node, slots=slots, extra_env=extra_env).wait_ready()
 
-    def launch(self, node: str, *, slots: int = 2, extra_env: dict | None = None) -> Worker:
+    def launch(
+        self, node: str, *, slots: int = 2, extra_env: dict | None = None, hostname: str = ""
+    ) -> Worker:
         env = worker_env(self.media_root, self.scratch_root, extra_env)
         log_path = self.tmp / f"worker-{node}-{len(self.workers)}.log"
-        worker = Worker(f"worker {node}", [], env, log_path, node=node, slots=slots)
+        worker = Worker(
+            f"worker {node}", [], env, log_path, node=node, slots=slots, hostname=hostname
+        )
         self.workers.append(worker)
         return worker.launch()
 

@@ -7,11 +7,16 @@ and never relies on the broker to detect a dead worker: the attempt's lease in
 PostgreSQL does, and the fencing token makes a redelivered copy exit without a write.
 """
 
+import logging
+
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_init, worker_shutting_down
+from django.db import DatabaseError, connections
 
 from apps.jobs.models import ExitClass
 from apps.jobs.services import recovery, runner
+
+logger = logging.getLogger(__name__)
 
 
 class AttemptFailed(Exception):
@@ -80,3 +85,25 @@ def hand_back_running_jobs(**kwargs) -> None:
     """A worker asked to stop (deploy, Ctrl-C) checkpoints its runs and requeues their
     jobs now, rather than leaving them to be found by the lease reaper."""
     runner.request_drain()
+
+
+@worker_init.connect
+def reap_what_a_previous_process_held(sender=None, **kwargs) -> None:
+    """A worker starting up (its supervisor restarted it after a kill, a crash, a
+    reboot) ends the attempts its previous process still held under its name, before
+    it takes a message: their jobs go back to the queue at once, not a lease later.
+    Without the database now, the lease reaper finds them as before."""
+    name = getattr(sender, "hostname", "") or ""
+    if not name:
+        return
+    try:
+        reaped = recovery.reap_attempts_of_restarted_worker(worker=name)
+    except DatabaseError:
+        logger.warning("could not look for attempts of %s's previous process", name, exc_info=True)
+        return
+    finally:
+        connections.close_all()  # this thread runs no task; its connection would idle
+    if reaped:
+        logger.warning(
+            "%s restarted: %d attempt(s) of its previous process ended", name, len(reaped)
+        )

@@ -19,7 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.jobs.models import Attempt, AttemptState, ExitClass, Job, JobEvent, JobStatus
-from apps.jobs.services import attempts
+from apps.jobs.services import attempts, recovery
 from apps.ledger import services as ledger
 from apps.scheduler.services.dispatch import publish_run_attempt
 from tests.jobs.factories import JobFactory, funded_org, place
@@ -133,6 +133,42 @@ def test_a_killed_worker_s_job_is_requeued_after_its_lease_and_resumes_elsewhere
     assert job.status == JobStatus.SUCCEEDED
     assert_ledger_exact(job)
     restarted.wait_ready()
+
+
+def test_a_killed_worker_restarted_under_its_name_requeues_its_job_before_the_lease_ends(
+    beat, workers
+):
+    org = funded_org()
+    job = submit_job(
+        org, prompt="a fox restarted", steps=60, step_seconds=0.05, gpu_types=("H100", "A100")
+    )
+    beat.until(lambda: bool(Job.objects.get(pk=job.pk).checkpoint_ref), timeout=30)
+    first = Attempt.objects.get(job=job)
+    victim = next(w for w in workers.workers if w.node == first.node.name and w.alive)
+
+    victim.kill9()
+    killed_at = time.monotonic()
+    # The node's supervisor brings the worker back under the same Celery name; no
+    # reaper runs meanwhile (this beat ticks only in `until`), so only the restart can
+    # have ended the attempt.
+    restarted = workers.launch(victim.node, hostname=victim.hostname).wait_ready()
+    first.refresh_from_db()
+    assert first.state == AttemptState.FINISHED  # ended before the worker took a message
+    assert first.exit_class == ExitClass.LOST
+    assert first.error_message == recovery.RESTARTED_MESSAGE
+    print(
+        f"attempt ended {time.monotonic() - killed_at:.1f} s after the kill (lease: "
+        f"{settings.GANTRY_LEASE_S:g} s from the last heartbeat)"
+    )
+
+    beat.until(lambda: finished(job), timeout=45)
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, workers.logs()
+    lost, second = job.attempts.order_by("number")
+    assert (lost.pk, second.exit_class) == (first.pk, ExitClass.SUCCEEDED)
+    assert JobEvent.objects.get(job=job, to_status=JobStatus.SUCCEEDED).data["resumed_step"] > 0
+    assert_ledger_exact(job)
+    assert restarted.alive
 
 
 def test_a_worker_told_to_stop_hands_its_job_back_with_its_checkpoint(beat, workers):

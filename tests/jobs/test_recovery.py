@@ -23,13 +23,25 @@ def fast_backoff(settings):
     settings.GANTRY_RETRY_BACKOFF_S = 0.1
 
 
-def running_job(*, charged=1234, gpu_ms=5000, lease_past=True, status=JobStatus.RUNNING, **kw):
+def running_job(
+    *,
+    charged=1234,
+    gpu_ms=5000,
+    lease_past=True,
+    status=JobStatus.RUNNING,
+    worker="h100-1@host-a",
+    **kw,
+):
     """A job whose worker heartbeated `charged` µc of usage and then went silent."""
     job = JobFactory(status=status, with_hold=True, **kw)
     attempt = place(job, state=AttemptState.RUNNING, started=True)
     lease = timezone.now() - timedelta(seconds=5) if lease_past else timezone.now() + timedelta(1)
     Attempt.objects.filter(pk=attempt.pk).update(
-        gpu_ms=gpu_ms, charged=charged, lease_expires_at=lease, checkpoint_ref="step-3"
+        gpu_ms=gpu_ms,
+        charged=charged,
+        lease_expires_at=lease,
+        checkpoint_ref="step-3",
+        worker=worker,
     )
     Job.objects.filter(pk=job.pk).update(checkpoint_ref="step-3")
     attempt.refresh_from_db()
@@ -98,6 +110,38 @@ def test_a_job_lost_after_a_cancel_request_is_cancelled_and_charged():
     assert job.status == JobStatus.CANCELLED
     assert Hold.objects.get(pk=job.hold_id).captured == 1234
     assert ledger.reconcile(record=False) == []
+
+
+def test_a_restarted_worker_ends_what_its_previous_process_held_without_waiting_for_leases():
+    job, attempt = running_job(lease_past=False)
+    _other_job, other = running_job(lease_past=False, worker="a100-1@host-a")
+
+    reaped = recovery.reap_attempts_of_restarted_worker(worker="h100-1@host-a")
+
+    assert [r.attempt_id for r in reaped] == [str(attempt.pk)]
+    attempt.refresh_from_db()
+    job.refresh_from_db()
+    assert (attempt.state, attempt.exit_class) == (AttemptState.FINISHED, ExitClass.LOST)
+    assert attempt.error_message == recovery.RESTARTED_MESSAGE
+    assert not attempt.assignments.filter(released_at__isnull=True).exists()
+    assert job.status == JobStatus.QUEUED
+    assert job.checkpoint_ref == "step-3"
+    requeue = JobEvent.objects.get(job=job, to_status=JobStatus.QUEUED, from_status="running")
+    assert requeue.reason.startswith(recovery.RESTARTED_MESSAGE)
+    assert Hold.objects.get(pk=job.hold_id).usage == 1234
+    other.refresh_from_db()
+    assert other.state == AttemptState.RUNNING  # another worker's run is left alone
+    assert recovery.reap_attempts_of_restarted_worker(worker="h100-1@host-a") == []
+    assert recovery.reap_expired_leases() == []
+    assert ledger.reconcile(record=False) == []
+
+
+def test_a_restarted_worker_leaves_an_attempt_the_reaper_ended_first_as_it_was():
+    job, _attempt = running_job()
+    assert len(recovery.reap_expired_leases()) == 1
+
+    assert recovery.reap_attempts_of_restarted_worker(worker="h100-1@host-a") == []
+    assert JobEvent.objects.filter(job=job, to_status=JobStatus.QUEUED).count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

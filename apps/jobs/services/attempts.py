@@ -103,18 +103,22 @@ def end_attempt(
     error_message: str,
     fencing_token: int | None = None,
     lease_expired: bool = False,
+    claimed_by: str | None = None,
     **measured,
 ) -> bool:
     """Finish the attempt if it is still in one of `from_states` (with this fencing token,
-    and its lease run out by the database clock when `lease_expired`), and release its
-    GPUs. Returns False, changing nothing, when the guard finds no row: someone else ended
-    it first. `measured` are the runner's final figures (exit_code, gpu_ms, charged,
-    checkpoint_ref). Call inside the transaction that holds the attempt's job row."""
+    its lease run out by the database clock when `lease_expired`, claimed by the worker
+    named `claimed_by` when given), and release its GPUs. Returns False, changing
+    nothing, when the guard finds no row: someone else ended it first. `measured` are the
+    runner's final figures (exit_code, gpu_ms, charged, checkpoint_ref). Call inside the
+    transaction that holds the attempt's job row."""
     guard = {"pk": attempt_id, "state__in": list(from_states)}
     if fencing_token is not None:
         guard["fencing_token"] = fencing_token
     if lease_expired:
         guard["lease_expires_at__lte"] = Now()
+    if claimed_by is not None:
+        guard["worker"] = claimed_by
     ended = Attempt.objects.filter(**guard).update(
         state=AttemptState.FINISHED,
         exit_class=exit_class,

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 ACTOR = "recovery"
 LOST_MESSAGE = "The attempt's lease expired: its worker stopped heartbeating (lost)."
+RESTARTED_MESSAGE = "Its worker was restarted while the attempt ran (lost)."
 
 
 @dataclass(frozen=True)
@@ -66,31 +67,60 @@ def reap_expired_leases(*, limit: int = 200) -> list[Reaped]:
     return reaped
 
 
-def reap_attempt(attempt_id) -> Reaped | None:
-    """Reap one attempt if its lease has expired; None if it is alive or already reaped."""
+def reap_attempts_of_restarted_worker(*, worker: str) -> list[Reaped]:
+    """Finish, as `lost`, every attempt still claimed under the name of a worker that is
+    starting up, without waiting for their leases.
+
+    Call it before the worker consumes a message: Celery names its live workers
+    uniquely (`h100-1@host`), and a worker that has not started a task has claimed
+    nothing, so an attempt claimed under its name belongs to a previous process of it
+    that is gone (killed, OOM-killed, its host rebooted) and whose runs died with it
+    (the generator dies with its worker). Each is ended as reap_expired_leases ends one,
+    about GANTRY_LEASE_S sooner: GPUs released, reported usage charged, the job back in
+    the queue with its checkpoint (or failed after its last try). Safe to run twice and
+    beside the reaper: each attempt is ended once, under its job's lock.
+    """
+    claimed = list(
+        Attempt.objects.filter(state__in=CLAIMED_ATTEMPT_STATES, worker=worker[:200])
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    reaped = []
+    for attempt_id in claimed:
+        outcome = reap_attempt(attempt_id, restarted_worker=worker[:200])
+        if outcome is not None:
+            reaped.append(outcome)
+    return reaped
+
+
+def reap_attempt(attempt_id, *, restarted_worker: str | None = None) -> Reaped | None:
+    """Reap one attempt if its lease has expired, or, with `restarted_worker`, if that
+    worker (restarted since) still holds it; None if it is alive or already reaped."""
     job_id = Attempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
     if job_id is None:
         return None
+    message = LOST_MESSAGE if restarted_worker is None else RESTARTED_MESSAGE
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         lost = end_attempt(
             attempt_id,
             from_states=CLAIMED_ATTEMPT_STATES,
-            lease_expired=True,
+            lease_expired=restarted_worker is None,
+            claimed_by=restarted_worker,
             exit_class=ExitClass.LOST,
-            error_message=LOST_MESSAGE,
+            error_message=message,
         )
         if not lost:
             return None
         attempt = Attempt.objects.select_related("node").get(pk=attempt_id)
         if job.status not in TERMINAL_STATUSES:  # else only the attempt and GPUs were left
-            job = _move_lost_job_on(job, attempt)
+            job = _move_lost_job_on(job, attempt, message=message)
     ATTEMPTS.labels(ExitClass.LOST).inc()
     logger.warning("reaped lost attempt %s of job %s → %s", attempt_id, job_id, job.status)
     return Reaped(str(attempt_id), str(job_id), job.status)
 
 
-def _move_lost_job_on(job: Job, attempt: Attempt) -> Job:
+def _move_lost_job_on(job: Job, attempt: Attempt, *, message: str) -> Job:
     """The next status of a job whose attempt was just reaped (inside reap_attempt)."""
     data = {"attempt": attempt.number, "exit_class": ExitClass.LOST, "node": attempt.node.name}
     checkpoint = {"checkpoint_ref": attempt.checkpoint_ref} if attempt.checkpoint_ref else {}
@@ -104,9 +134,7 @@ def _move_lost_job_on(job: Job, attempt: Attempt) -> Job:
             reason="preempted; its worker was lost while stopping",
             changes={"preemption_count": F("preemption_count") + 1, **checkpoint},
         )
-    return requeue_or_fail(
-        job, attempt, reason=LOST_MESSAGE, actor=ACTOR, data=data, changes=checkpoint
-    )
+    return requeue_or_fail(job, attempt, reason=message, actor=ACTOR, data=data, changes=checkpoint)
 
 
 def close_stranded_holds(*, limit: int = 200) -> int:
