@@ -5,11 +5,12 @@ rate limit / overload (services.admission, Redis-side) → validation → [one t
 idempotency lock and replay → quarantine (422) → dedup → queue quota → credit hold
 (ledger.reserve) → Job(queued) + JobEvent] → on commit: wake the dispatcher.
 
-The hot path is two round trips and seven statements: BEGIN, the idempotency lock and
-every admission read; then the ledger's budget lock and reservation, the INSERT of the
-job and its event, and COMMIT. The reservation has no savepoint of its own (a refusal
-fails the submission anyway); when its lanes cannot serve it, the whole transaction
-runs again (ledger.ReservationRetry).
+The hot path is seven statements in three PostgreSQL round trips: BEGIN (psycopg waits
+for it, pipeline or not); the idempotency lock and every admission read; then the
+ledger's budget lock and reservation, the INSERT of the job and its event, and COMMIT.
+The reservation has no savepoint of its own (a refusal fails the submission anyway);
+when its lanes cannot serve it, the whole transaction runs again
+(ledger.ReservationRetry).
 
 Idempotency: the Idempotency-Key is scoped to the org, or to the project of a
 project-bound API key. Concurrent submissions with one
