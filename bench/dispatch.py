@@ -16,6 +16,10 @@ placements), and a second tick on the full fleet (the steady state: few or no
 decisions), each timed as snapshot / policy / apply. The queue sizes are measured in
 turn, baseline first, so the ratio shows how the read grows with the queue.
 
+`--history N` gives every size an hour of finished work first: N succeeded jobs whose
+attempts ended over the last hour, which the tick reads for its runtime ratios (the
+newest 600 of them).
+
 `--crowd N` adds a last row: N users (in orgs of 5) with one queued job each, the shape
 of a free tier's sign-ups, where the queue window's per-user floor does not bound the
 read and its hard cap (`queue_window_max_jobs`) does.
@@ -144,6 +148,70 @@ def queue_jobs(tenants, count: int, seed: int, *, in_turn: bool = False) -> None
         cursor.execute("ANALYZE jobs_job")
 
 
+def finished_history(tenants, count: int, seed: int) -> None:
+    """`count` succeeded jobs, each with one attempt that ended within the last hour
+    (1-8 GPUs, ran 10 s to 30 min of an 1,800 s max runtime), in bulk like queue_jobs."""
+    from django.db import connection
+
+    if not count:
+        return
+    rng = random.Random(seed + 1)
+    rows = []
+    for _ in range(count):
+        tier, org, project, users = rng.choice(tenants)
+        ran = rng.uniform(10, 1800)
+        ended = rng.uniform(0, 3600)
+        rows.append((str(uuid.uuid4()), org, project, rng.choice(users), tier, ran, ended))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM scheduler_node ORDER BY id LIMIT 1")
+        node = cursor.fetchone()[0]
+        cursor.execute("SELECT coalesce(max(fencing_token), 0) FROM jobs_attempt")
+        token = cursor.fetchone()[0]
+        for start in range(0, len(rows), 5000):
+            batch = rows[start : start + 5000]
+            columns = [list(column) for column in zip(*batch, strict=True)]
+            cursor.execute(
+                """
+                INSERT INTO jobs_job (id, org_id, project_id, user_id, tier, status, params,
+                    gpu_count, gpu_types, min_gpu_memory_gb, max_runtime_s, preemptible,
+                    webhook_url, fingerprint, request_digest, progress, attempt_count,
+                    preemption_count, max_attempts, queued_at, checkpoint_ref, gpu_type,
+                    cancel_requested, error_code, error_message, result_path, created_at,
+                    finished_at)
+                SELECT r.id::uuid, r.org::uuid, r.project::uuid, r.usr::uuid, r.tier,
+                       'succeeded', '{}'::jsonb, 1, '{}'::varchar[], 0, 1800, true, '',
+                       md5(r.id), '', 1, 1, 0, 3,
+                       now() - (r.ended + r.ran + 5) * interval '1 second', '', 'H100',
+                       false, '', '', '',
+                       now() - (r.ended + r.ran + 5) * interval '1 second',
+                       now() - r.ended * interval '1 second'
+                  FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                              %s::float8[], %s::float8[])
+                       AS r(id, org, project, usr, tier, ran, ended)
+                """,
+                columns,
+            )
+            cursor.execute(
+                """
+                INSERT INTO jobs_attempt (id, job_id, org_id, number, node_id, gpu_type,
+                    price_per_gpu_hour, gpu_indices, devices, fencing_token, state,
+                    lease_expires_at, worker, exit_class, error_message, checkpoint_ref,
+                    gpu_ms, charged, created_at, started_at, finished_at)
+                SELECT gen_random_uuid(), r.id::uuid, r.org::uuid, 1, %s, 'H100', 0, '{0}',
+                       '0', %s + r.n, 'finished', now(), 'bench@history', 'succeeded', '',
+                       '', (r.ran * 1000)::bigint, 0,
+                       now() - (r.ended + r.ran + 1) * interval '1 second',
+                       now() - (r.ended + r.ran) * interval '1 second',
+                       now() - r.ended * interval '1 second'
+                  FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[])
+                       WITH ORDINALITY AS r(id, org, ran, ended, n)
+                """,
+                [node, token + start, columns[0], columns[1], columns[5], columns[6]],
+            )
+        cursor.execute("ANALYZE jobs_job")
+        cursor.execute("ANALYZE jobs_attempt")
+
+
 def time_tick(*, apply: bool = True) -> dict:
     """One tick, its parts timed as the dispatcher runs them (without `apply`: the
     decisions are made but not applied). The tick explains the queue (every
@@ -193,6 +261,12 @@ def main(argv=None) -> int:
     parser.add_argument("--queued", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
+        "--history",
+        type=int,
+        default=20_000,
+        help="succeeded jobs whose attempts ended over the last hour, before each size",
+    )
+    parser.add_argument(
         "--crowd",
         type=int,
         default=0,
@@ -230,7 +304,8 @@ def main(argv=None) -> int:
         tenants = build_tenants(args.orgs)
         print(
             f"dispatch bench: PostgreSQL {version}, {args.nodes} nodes x 8 GPUs, "
-            f"{args.orgs} orgs x 5 users; {usable_cpus()} CPUs usable; load average "
+            f"{args.orgs} orgs x 5 users; {args.history:,} attempts ended in the last hour; "
+            f"{usable_cpus()} CPUs usable; load average "
             f"{os.getloadavg()[0]:.1f}",
             flush=True,
         )
@@ -250,6 +325,7 @@ def main(argv=None) -> int:
         for size, shape in sizes:
             with connection.cursor() as cursor:
                 cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+            finished_history(tenants, args.history, args.seed)
             if shape:
                 queue_one_each(build_crowd(size), args.seed)
             else:
