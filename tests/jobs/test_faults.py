@@ -28,6 +28,7 @@ from tests.worker_harness import (
     E2E_FLEET,
     ROOT,
     Beat,
+    free_port,
     pool_fixture,
     skewed_clock_env,
     submit_job,
@@ -169,6 +170,19 @@ def test_a_killed_worker_restarted_under_its_name_requeues_its_job_before_the_le
     assert JobEvent.objects.get(job=job, to_status=JobStatus.SUCCEEDED).data["resumed_step"] > 0
     assert_ledger_exact(job)
     assert restarted.alive
+
+
+def test_a_worker_starting_while_its_database_is_down_comes_up_and_leaves_it_to_the_leases(
+    workers,
+):
+    unreachable = f"postgres://postgres@127.0.0.1:{free_port()}/gantry"
+    worker = workers.launch("e2e-nodb", slots=1, extra_env={"DATABASE_URL": unreachable})
+    try:
+        worker.wait_ready(timeout=60)
+        assert "could not look for attempts of" in worker.log()
+        assert worker.alive
+    finally:
+        workers.stop_node("e2e-nodb")
 
 
 def test_a_worker_told_to_stop_hands_its_job_back_with_its_checkpoint(beat, workers):
