@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from apps.scheduler.policy import Place, PolicyConfig, UsageSnapshot, schedule
+from apps.scheduler.policy import Place, PolicyConfig, UsageSnapshot, policy_with, schedule
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
 NOW = 10_000.0
@@ -130,6 +130,20 @@ def test_a_burst_the_tiers_share_serves_in_minutes_is_served_in_submission_order
     assert placed_beside_a_flooder(20, max_runtime_s=3600.0) == ["other"]
     fair_beyond_share = PolicyConfig(within_tier_fifo_backlog_s=0.0)
     assert placed_beside_a_flooder(20, fair_beyond_share, max_runtime_s=60.0) == ["other"]
+
+
+def test_each_tier_has_its_own_backlog_under_which_it_is_served_in_submission_order():
+    # Twenty ten-minute jobs hold the tier's share (about 3.8 GPUs) for about 55 minutes:
+    # past 15 minutes of backlog, within an hour.
+    def first_placed(backlog):
+        config = policy_with({"within_tier_fifo_backlog_s": backlog})
+        return placed_beside_a_flooder(20, config, max_runtime_s=600.0)[0]
+
+    assert first_placed({"enterprise": 900.0}) == "other"
+    assert first_placed({"enterprise": 3600.0}) == "f0"
+    # Another tier's backlog changes nothing here; one number sets every tier's.
+    assert first_placed({"paid": 3600.0, "enterprise": 900.0}) == "other"
+    assert first_placed(3600.0) == "f0"
 
 
 def test_aging_lifts_a_starved_free_job():

@@ -25,6 +25,8 @@ def test_a_per_tier_knob_may_name_only_the_tiers_it_changes():
         ({"tier_weights": {"free": "heavy"}}, "tier_weights"),
         ({"tier_floors": {"free": 0.9}}, "floor <= ceiling"),
         ({"preemption_hold_back_limit_s": {"paid": -5}}, "preemption_hold_back_limit_s.paid"),
+        ({"within_tier_fifo_backlog_s": {"paid": -1}}, "within_tier_fifo_backlog_s.paid"),
+        ({"within_tier_fifo_backlog_s": {"paid": None}}, "within_tier_fifo_backlog_s.paid"),
         # JSON's NaN and Infinity, which Python reads, and a bool for a number
         ({"reservation_wait_s": float("nan")}, "reservation_wait_s: must be a finite"),
         ({"reclaim_wait_s": float("inf")}, "reclaim_wait_s: must be a finite"),

@@ -18,7 +18,8 @@ Defaults (documented in docs/simulator.md, measured by the simulator):
   a non-preemptible job never borrows;
 - within a tier, orgs entitled to all they want go oldest job first, and every org
   does while the tier's queue would hold its entitlement for at most 15 minutes (a
-  burst); beyond that (a flood) orgs over their share come after, in fair-share order;
+  burst; paid: an hour); beyond that (a flood) orgs over their share come after, in
+  fair-share order;
 - usage half-life 30 min; aging 2 fair shares per hour of waiting within a tier, 0.25
   between tiers, 12 in the order reservations are granted;
 - preemption after enterprise 4.5 s, paid 60 s of waiting; free never preempts (except
@@ -60,7 +61,10 @@ TIER_KNOBS = (
     "preemption_wait_s",
     "preemption_hold_back_s",
     "preemption_hold_back_limit_s",
+    "within_tier_fifo_backlog_s",
 )
+# The per-tier knobs where None means "never" (preempts) or "unbounded".
+_NONE_MEANS_NEVER = ("preemption_wait_s", "preemption_hold_back_s", "preemption_hold_back_limit_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,15 +122,21 @@ class PolicyConfig:
     within_tier_fifo_slack: float = 1.0
     """How far beyond its entitlement an org may want (held + queued, and lately used)
     and still be served oldest first (`within_tier_fifo`): 1.0 = exactly its share."""
-    within_tier_fifo_backlog_s: float = 900.0
-    """A tier whose whole queue (GPUs x max runtime) would hold its entitled GPUs for at
-    most this long is served oldest job first, whatever each org wants: a burst the tier
-    drains in minutes, a heavy tenant's included, goes in submission order, as strict
-    priority serves it; a flood, or a tier persistently short of GPUs (free at 2x), keeps
-    fair share between its orgs. Bursty, 16 GPUs at 1x, seeds 1-20, against off (0):
-    paid's p95 median 196.5 -> 127 s (strict priority 89.5 s), lower in 18 seeds; work
-    lost under 2 % in all 20 (19 before); steady's free orgs keep a Jain index of 0.91
-    (0.87 when each org's own queue was measured against the whole fleet instead)."""
+    within_tier_fifo_backlog_s: Mapping[str, float] = field(
+        default_factory=_tier_map(enterprise=900.0, paid=3600.0, free=900.0)
+    )
+    """Per tier: a tier whose whole queue (GPUs x max runtime) would hold its entitled
+    GPUs for at most this long is served oldest job first, whatever each org wants: a
+    burst the tier drains in minutes, a heavy tenant's included, goes in submission
+    order, as strict priority serves it; a flood, or a tier persistently short of GPUs
+    (free at 2x), keeps fair share between its orgs. One number sets every tier. 900 s
+    against off (0), bursty, 16 GPUs at 1x, seeds 1-20: paid's p95 median 196.5 -> 127 s
+    (strict priority 89.5 s), lower in 18 seeds; steady's free orgs keep a Jain index of
+    0.91. Paid's hour (2026-12-01): at 2x paid's queue holds its share for about 25
+    minutes, so with 900 s its heavy tenants' jobs, most of its jobs, waited behind the
+    light ones; bursty, 16 GPUs at 2x, seeds 1-8, paid p95 fell by 23-43 % (docs/
+    simulator.md, "Paid served in submission order for an hour of backlog"). Enterprise
+    and free keep 900 s: the flood is enterprise's, and free's orgs keep their Jain."""
     reservation_aging_shares_per_hour: float = 12.0
     """Aging in the order reservations are granted within a tier, by each job's own
     wait: a multi-GPU job cannot start without a reservation on a busy fleet, so old
@@ -244,6 +254,10 @@ class PolicyConfig:
     `window.py`). Bounds the tick's read and decide at 100,000 queued users."""
 
     def __post_init__(self):
+        if _is_number(self.within_tier_fifo_backlog_s):
+            # One number, as before the knob was per tier: the same for every tier.
+            backlog = dict.fromkeys(TIERS, self.within_tier_fifo_backlog_s)
+            object.__setattr__(self, "within_tier_fifo_backlog_s", backlog)
         self._check_numbers()
         for name in TIER_KNOBS:
             values = getattr(self, name)
@@ -255,14 +269,12 @@ class PolicyConfig:
                 raise ValueError(f"tier_weights.{tier}: must be positive")
             if not 0.0 <= self.tier_floors[tier] <= self.tier_ceilings[tier] <= 1.0:
                 raise ValueError(f"tier {tier}: need 0 <= floor <= ceiling <= 1")
-            for name in (
-                "preemption_wait_s",
-                "preemption_hold_back_s",
-                "preemption_hold_back_limit_s",
-            ):
+            for name in _NONE_MEANS_NEVER:
                 seconds = getattr(self, name)[tier]
                 if seconds is not None and seconds < 0:
                     raise ValueError(f"{name}.{tier}: must be >= 0 or None")
+            if self.within_tier_fifo_backlog_s[tier] < 0:
+                raise ValueError(f"within_tier_fifo_backlog_s.{tier}: must be >= 0")
         if sum(self.tier_floors[tier] for tier in TIERS) > 1.0 + 1e-9:
             raise ValueError("tier_floors: floors add up to more than the whole fleet")
         if self.within_tier_fifo_slack < 1.0:
@@ -288,7 +300,6 @@ class PolicyConfig:
         if self.same_tier_preemption_factor < 1.0:
             raise ValueError("same_tier_preemption_factor: must be >= 1")
         for name in (
-            "within_tier_fifo_backlog_s",
             "reclaim_wait_s",
             "reservation_wait_s",
             "max_preemptions_per_job",
@@ -312,12 +323,16 @@ class PolicyConfig:
             values = value.items() if isinstance(value, Mapping) else ((None, value),)
             for tier, number in values:
                 name = f"{knob.name}.{tier}" if tier else knob.name
-                if number is None and knob.name in TIER_KNOBS:
+                if number is None and knob.name in _NONE_MEANS_NEVER:
                     continue  # "never" / "unbounded", where the knob allows it
                 if isinstance(number, bool) or not isinstance(number, int | float):
                     raise ValueError(f"{name}: must be a number")
                 if not math.isfinite(number):
                     raise ValueError(f"{name}: must be a finite number")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def policy_with(
@@ -334,7 +349,9 @@ def policy_with(
         raise ValueError(f"unknown policy knob(s) {unknown}; the knobs: {sorted(known)}")
     changes = {}
     for name, value in overrides.items():
-        if name in TIER_KNOBS:
+        if name == "within_tier_fifo_backlog_s" and _is_number(value):
+            pass  # one number for every tier (PolicyConfig spreads it)
+        elif name in TIER_KNOBS:
             if not isinstance(value, Mapping):
                 raise ValueError(f'{name}: a JSON object of tiers, e.g. {{"free": ...}}')
             strange = sorted(set(value) - set(TIERS))

@@ -365,7 +365,7 @@ class FairShareQueue:
                     queued_work_by_tier.get(key[0], 0.0) + unlisted.gpu_seconds
                 )
 
-        count_work = self._within_tier_fifo and self._fifo_backlog_s > 0
+        count_work = self._within_tier_fifo and max(self._fifo_backlog_s.values()) > 0
         blend, past_weight = self._blend, 1.0 - self._blend
         ln2, half_life = math.log(2), self._half_life  # `equivalent_gpus`, inlined
         usage_by_user, running_by_user = usage.by_user, running.by_user
@@ -438,7 +438,8 @@ class FairShareQueue:
             tier_name
             for tier_name, work in queued_work_by_tier.items()
             if count_work
-            and work <= self._fifo_backlog_s * self.entitlements.tier.get(tier_name, 0.0)
+            and self._fifo_backlog_s[tier_name] > 0
+            and work <= self._fifo_backlog_s[tier_name] * self.entitlements.tier.get(tier_name, 0.0)
         }
         tier_weight_total = sum(t.weight for t in self._tiers.values())
         for tier in self._tiers.values():
