@@ -349,9 +349,9 @@ def policy_with(
         raise ValueError(f"unknown policy knob(s) {unknown}; the knobs: {sorted(known)}")
     changes = {}
     for name, value in overrides.items():
-        if name == "within_tier_fifo_backlog_s" and _is_number(value):
-            pass  # one number for every tier (PolicyConfig spreads it)
-        elif name in TIER_KNOBS:
+        # One number for every tier, which PolicyConfig spreads (`within_tier_fifo_backlog_s`).
+        for_every_tier = name == "within_tier_fifo_backlog_s" and _is_number(value)
+        if name in TIER_KNOBS and not for_every_tier:
             if not isinstance(value, Mapping):
                 raise ValueError(f'{name}: a JSON object of tiers, e.g. {{"free": ...}}')
             strange = sorted(set(value) - set(TIERS))
