@@ -92,7 +92,10 @@ class PolicyConfig:
     took the next freed GPU in every paid burst: bursty, 16 GPUs at 1x, seeds 1-20, paid
     p95 median 127 -> 103.5 s (strict priority 89.5 s), lower or equal in all 20,
     enterprise p95 at most 22 -> 11 s (docs/simulator.md, "Floors over time").
-    Preemption still never takes a tier below its floor in GPUs held."""
+    Preemption never takes a tier below its floor in whole GPUs held; the fraction
+    beyond (free's 0.8 GPU of 16) is not served first while a higher tier's job has
+    waited past its preemption threshold, as it would be that job's next victim
+    (docs/simulator.md, "A floor's fraction yields to a job that would preempt it")."""
     tier_ceilings: Mapping[str, float] = field(
         default_factory=_tier_map(enterprise=1.0, paid=1.0, free=0.8)
     )

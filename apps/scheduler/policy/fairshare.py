@@ -19,7 +19,8 @@ At each level the child with the lowest *priority key* goes next:
 - A tier below its guaranteed floor, both in GPUs held now and in its load (the blend
   above), is served before any tier at or above its own floor: a tier that had its
   floor lately yields to a burst of the tiers above it; one kept below it for long
-  comes first.
+  comes first. Beyond the whole GPUs preemption leaves it, a floor yields to a higher
+  tier whose oldest job has waited past its preemption threshold.
 - Within a tier (`PolicyConfig.within_tier_fifo`), orgs whose entitlement
   (`Entitlements`: max-min, by weight, capped by demand; rounded up to whole GPUs, as
   jobs take them) covers all they want and what they used lately go first, oldest job
@@ -291,6 +292,8 @@ class FairShareQueue:
         self._half_life = config.usage_half_life_s
         self._running_by_tier = dict(running.by_tier)
         self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
+        # What preemption keeps of each floor: whole GPUs (5 % of 16 GPUs keeps none).
+        self._floor_whole_gpus = {t: math.floor(g + 1e-9) for t, g in self._floor_gpus.items()}
         self._tiers: dict[str, _Tier] = {}
         self._size = 0
         self._pick: Pick | None = None
@@ -424,6 +427,7 @@ class FairShareQueue:
                 self._size += tier.queued
             if oldest_unclaimed < math.inf:
                 self.oldest_unclaimed[tier_name] = oldest_unclaimed
+        self._floor_exposed = self._floors_exposed_to_preemption()
 
         self.entitlements = Entitlements.of(
             capacity=capacity_gpus,
@@ -501,6 +505,24 @@ class FairShareQueue:
         wanted = running.by_tier_org.get(key, 0) + self.queued_gpus_by_org.get(key, 0)
         return wanted <= entitled and org.lately <= entitled
 
+    def _floors_exposed_to_preemption(self) -> frozenset[str]:
+        """Tiers below a tier whose oldest unclaimed job has waited past its preemption
+        threshold. Such a tier is served first for its floor only up to the whole GPUs
+        preemption leaves it: a GPU given to the fraction beyond (free's 0.8 GPU of 16)
+        would be the cheapest victim of the very next round, its work and its grace
+        lost, and the waiting job started a grace later than on the GPU itself."""
+        waits = self._config.preemption_wait_s
+        now = self._now
+        preempting = [
+            TIER_RANK[tier]
+            for tier, oldest in self.oldest_unclaimed.items()
+            if waits.get(tier) is not None and now - oldest >= waits[tier]
+        ]
+        if not preempting:
+            return frozenset()
+        top = max(preempting)
+        return frozenset(tier for tier in TIERS if TIER_RANK[tier] < top)
+
     # -- keys --------------------------------------------------------------------------
 
     def _load(self, running_gpus: float, decayed: Mapping, key) -> float:
@@ -522,7 +544,12 @@ class FairShareQueue:
         # lately does not take every GPU freed in a burst of the tiers above it, and one
         # that holds its floor now is not served first for having had little before.
         floor = self._floor_gpus[tier.name]
-        below_floor = self._running_by_tier.get(tier.name, 0) < floor and tier.load < floor
+        held = self._running_by_tier.get(tier.name, 0)
+        below_floor = (
+            held < floor
+            and tier.load < floor
+            and (held < self._floor_whole_gpus[tier.name] or tier.name not in self._floor_exposed)
+        )
         return (
             0 if below_floor else 1,
             self._aged(tier.load / tier.fair, oldest, self._tier_aging),
