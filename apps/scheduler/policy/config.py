@@ -256,6 +256,11 @@ class PolicyConfig:
     shared max-min between tiers and, within a tier, each org's oldest user first (see
     `window.py`). Bounds the tick's read and decide at 100,000 queued users."""
 
+    def guaranteed_gpus(self, capacity_gpus: int) -> dict[str, int]:
+        """Each tier's floor in the whole GPUs preemption never takes from it (5 % of 16
+        GPUs guarantees none: a fraction must not shield a job from preemption)."""
+        return {t: math.floor(self.tier_floors[t] * capacity_gpus + 1e-9) for t in TIERS}
+
     def __post_init__(self):
         if _is_number(self.within_tier_fifo_backlog_s):
             # One number, as before the knob was per tier: the same for every tier.

@@ -292,8 +292,7 @@ class FairShareQueue:
         self._half_life = config.usage_half_life_s
         self._running_by_tier = dict(running.by_tier)
         self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
-        # What preemption keeps of each floor: whole GPUs (5 % of 16 GPUs keeps none).
-        self._floor_whole_gpus = {t: math.floor(g + 1e-9) for t, g in self._floor_gpus.items()}
+        self._floor_whole_gpus = config.guaranteed_gpus(capacity_gpus)
         self._tiers: dict[str, _Tier] = {}
         self._size = 0
         self._pick: Pick | None = None

@@ -104,8 +104,7 @@ class _DispatchRound:
         # GPUs held by tier/org/user, updated as the round decides.
         self.running = RunningGpus.of(snapshot.running)
         self.ceiling_gpus = {t: self.config.tier_ceilings[t] * self.capacity for t in TIERS}
-        self.floor_gpus = {t: self.config.tier_floors[t] * self.capacity for t in TIERS}
-        self.guaranteed_gpus = {t: math.floor(self.floor_gpus[t] + 1e-9) for t in TIERS}
+        self.guaranteed_gpus = self.config.guaranteed_gpus(self.capacity)
         # What a borrowing tier keeps when its borrowed GPUs are taken back: whole GPUs.
         self.kept_gpus = {t: math.floor(self.ceiling_gpus[t] + 1e-9) for t in TIERS}
         self.decisions: list[Decision] = []
