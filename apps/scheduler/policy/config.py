@@ -261,6 +261,11 @@ class PolicyConfig:
         GPUs guarantees none: a fraction must not shield a job from preemption)."""
         return {t: math.floor(self.tier_floors[t] * capacity_gpus + 1e-9) for t in TIERS}
 
+    def past_preemption_threshold(self, tier: str, waited_s: float) -> bool:
+        """Whether a job of `tier` that has waited `waited_s` may preempt lower tiers."""
+        threshold = self.preemption_wait_s.get(tier)
+        return threshold is not None and waited_s >= threshold
+
     def __post_init__(self):
         if _is_number(self.within_tier_fifo_backlog_s):
             # One number, as before the knob was per tier: the same for every tier.

@@ -510,12 +510,10 @@ class FairShareQueue:
         preemption leaves it: a GPU given to the fraction beyond (free's 0.8 GPU of 16)
         would be the cheapest victim of the very next round, its work and its grace
         lost, and the waiting job started a grace later than on the GPU itself."""
-        waits = self._config.preemption_wait_s
-        now = self._now
         preempting = [
             TIER_RANK[tier]
             for tier, oldest in self.oldest_unclaimed.items()
-            if waits.get(tier) is not None and now - oldest >= waits[tier]
+            if self._config.past_preemption_threshold(tier, self._now - oldest)
         ]
         if not preempting:
             return frozenset()

@@ -569,8 +569,7 @@ class _DispatchRound:
     # -- preemption --------------------------------------------------------------------
 
     def _waited_past_threshold(self, tier: str, submitted_at: float) -> bool:
-        threshold = self.config.preemption_wait_s.get(tier)
-        return threshold is not None and self.now - submitted_at >= threshold
+        return self.config.past_preemption_threshold(tier, self.now - submitted_at)
 
     def _may_reclaim(self, tier: str, submitted_at: float) -> bool:
         """Whether a job of `tier` queued since then may take back borrowed GPUs."""
