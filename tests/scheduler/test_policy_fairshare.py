@@ -39,6 +39,23 @@ def test_tier_weights_split_an_empty_fleet():
     assert placed_by(decisions, "tier", queue) == {"enterprise": 6, "paid": 3, "free": 1}
 
 
+def test_free_keeps_its_floor_not_a_tenth_of_what_enterprise_leaves():
+    # 20 GPUs, enterprise idle, paid and free each queueing more than the fleet: free
+    # holds its 5 % floor (one GPU) and paid the rest, as strict priority would serve
+    # paid. With free's weight at 1 it took a tenth of what enterprise left.
+    nodes = [node(f"n{i}", gpus=4) for i in range(5)]
+    queue = [
+        job(f"{tier}{i}", tier=tier, org=f"{tier}-org", submitted_at=i)
+        for tier in ("paid", "free")
+        for i in range(24)
+    ]
+    decisions = schedule(snapshot(nodes, queue))
+    assert placed_by(decisions, "tier", queue) == {"paid": 19, "free": 1}
+    tenth = policy_with({"tier_weights": {"free": 1.0}})
+    decisions = schedule(snapshot(nodes, queue, config=tenth))
+    assert placed_by(decisions, "tier", queue)["free"] == 2
+
+
 def test_users_of_an_org_share_its_gpus_equally():
     queue = [job(f"{u}{i}", user=u, submitted_at=i) for u in ("u1", "u2", "u3") for i in range(9)]
     decisions = schedule(snapshot([node("n0", gpus=6)], queue))
@@ -167,15 +184,16 @@ def test_aging_lifts_a_starved_free_job():
 
 
 def placed_first_on_a_paid_fleet_with_one_gpu_free(usage: UsageSnapshot | None = None) -> str:
-    """Paid holds 15 of 16 GPUs and queues the older job; free holds nothing and queues
-    one job: which of the two gets the free GPU."""
+    """Paid holds 15 of 16 GPUs and queues the older job (55 s old, short of paid's
+    60 s preemption threshold, past which free's fraction of a GPU would yield to it);
+    free holds nothing and queues one job: which of the two gets the free GPU."""
     fleet = [node("n0", gpus=8), node("n1", gpus=8)]
     running = [allocation("a", fleet[0], range(8), tier="paid", org="p")]
     running.append(allocation("b", fleet[1], range(7), tier="paid", org="p"))
     queue = [job("paid-job", tier="paid", org="p", submitted_at=0.0)]
     queue.append(job("free-job", tier="free", org="f", submitted_at=50.0))
     usage = usage or UsageSnapshot()
-    decisions = schedule(snapshot(fleet, queue, running=running, usage=usage, now=60.0))
+    decisions = schedule(snapshot(fleet, queue, running=running, usage=usage, now=55.0))
     assert len(decisions) == 1
     return decisions[0].job_id
 
