@@ -83,7 +83,7 @@ class PolicyConfig:
     free's weight is a hundredth of a unit, so while paid waits free holds its floor
     and no more. At 1 it took a tenth of what enterprise left (about 9 % of the fleet in
     a paid burst, nearly twice its floor): bursty, 16 GPUs at 2x, seeds 1-12, paid p95
-    lower in all 12 (-1 to -50 %), free's waits about the same (docs/simulator.md,
+    lower in all 12 (-1 to -50 %), free's waits at 1x about the same (docs/simulator.md,
     "Free keeps its floor, not a tenth of what enterprise leaves")."""
     tier_floors: Mapping[str, float] = field(
         default_factory=_tier_map(enterprise=0.20, paid=0.10, free=0.05)
