@@ -297,6 +297,7 @@ def test_enterprise_waits_only_for_gpus_expected_within_seconds_and_only_seconds
     # grace, though its max runtime runs for 100 s more. Enterprise, 1 s past its
     # threshold, waits for it; a job expected to run 10 s more is preempted; and once
     # enterprise has waited its hold-back limit past its threshold, it waits no more.
+    # The victim checkpointed a second ago: it would lose too little to buy patience.
     config = PolicyConfig()
     threshold = config.preemption_wait_s["enterprise"]
     hold_back = config.preemption_hold_back_s["enterprise"]
@@ -306,7 +307,11 @@ def test_enterprise_waits_only_for_gpus_expected_within_seconds_and_only_seconds
 
     def decisions(expected_in_s: float, waited: float):
         on, held = full_node(
-            "free-node", "free", started_at=NOW - 100, max_runtime_s=2 * (100 + expected_in_s)
+            "free-node",
+            "free",
+            started_at=NOW - 100,
+            max_runtime_s=2 * (100 + expected_in_s),
+            last_checkpoint_at=NOW - 1,
         )
         urgent = enterprise_job(waited=waited)
         return schedule(hold_back_snapshot([urgent], on, held, late_runtime_ratio=0.5))
@@ -314,6 +319,34 @@ def test_enterprise_waits_only_for_gpus_expected_within_seconds_and_only_seconds
     assert preempts(decisions(2.0, waited=threshold + 1)) == []
     assert preempts(decisions(10.0, waited=threshold + 1))[0].node == "free-node"
     assert preempts(decisions(2.0, waited=threshold + limit + 1))[0].node == "free-node"
+
+
+def test_victims_that_would_lose_minutes_buy_the_enterprise_job_patience():
+    # The free job holds 8 GPUs and has run 100 s without a checkpoint: preempting it
+    # loses 800 GPU-seconds, which buys enterprise 30 s of patience (0.1 s per
+    # GPU-second, at most 30 s past its threshold). Its GPUs are expected free in 10 s,
+    # past the 3 s hold-back: enterprise waits for them. Had the victim checkpointed a
+    # second ago, or were they expected in a minute, or had enterprise waited out its
+    # patience, it would preempt.
+    config = PolicyConfig()
+    threshold = config.preemption_wait_s["enterprise"]
+    patience = config.victim_loss_patience_max_s
+
+    def decisions(*, expected_in_s=10.0, waited=threshold + 1, checkpoint=None):
+        on, held = full_node(
+            "free-node",
+            "free",
+            started_at=NOW - 100,
+            max_runtime_s=2 * (100 + expected_in_s),
+            last_checkpoint_at=checkpoint,
+        )
+        urgent = enterprise_job(waited=waited)
+        return schedule(hold_back_snapshot([urgent], on, held, late_runtime_ratio=0.5))
+
+    assert preempts(decisions()) == []
+    assert preempts(decisions(checkpoint=NOW - 1))[0].node == "free-node"
+    assert preempts(decisions(expected_in_s=60.0))[0].node == "free-node"
+    assert preempts(decisions(waited=threshold + patience + 1))[0].node == "free-node"
 
 
 def test_a_hold_back_limit_must_not_be_negative():

@@ -197,6 +197,15 @@ class PolicyConfig:
     waited 25 s at p95 (some node of 2,781 GPUs nearly always looked about to free up);
     bounded, 11 s. Paid's is unbounded: bounding it to its minute cost bursty's work lost
     (16 GPUs at 1x, seeds 1-20, mean 0.98 -> 1.63 %)."""
+    victim_loss_patience_s_per_gpu_s: float = 0.1
+    """Past its threshold and its hold-back, a job still waits for GPUs expected to free up
+    by themselves when its cheapest victims would lose much: this many seconds per
+    GPU-second they would lose since their last checkpoint, at most
+    `victim_loss_patience_max_s` past its threshold. A victim a few seconds in costs
+    nothing here; two 2-GPU jobs minutes into runs without checkpoints made most of a
+    run's work lost (docs/simulator.md, "A victim's loss buys the claimant patience")."""
+    victim_loss_patience_max_s: float = 30.0
+    """The most a victim set's loss makes a job wait past its threshold."""
     runtime_ratio_min_samples: int = 10
     """How many of a tier's recently finished attempts its observed runtime ratios need;
     with fewer, its running jobs are expected to run their whole max runtime (ratio 1).
@@ -321,6 +330,8 @@ class PolicyConfig:
         for name in (
             "reclaim_wait_s",
             "reservation_wait_s",
+            "victim_loss_patience_s_per_gpu_s",
+            "victim_loss_patience_max_s",
             "max_preemptions_per_job",
             "max_preemptions_per_tick",
             "runtime_ratio_min_samples",

@@ -672,7 +672,27 @@ class _DispatchRound:
         if choice is None:
             self.no_victims.add(victims_key)
             return False
+        if past_threshold and self._patient_for_victims(job, types, choice.lost_gpu_seconds):
+            return False
         self._preempt(job, choice)
+        return True
+
+    def _patient_for_victims(self, job: QueuedJob, types, lost_gpu_seconds: float) -> bool:
+        """Whether the job waits instead of making its victims lose `lost_gpu_seconds`:
+        GPUs for it are expected to free up by themselves within the patience that loss
+        buys (`victim_loss_patience_s_per_gpu_s`), and it has not yet waited that long past
+        its threshold (`victim_loss_patience_max_s` at most)."""
+        patience = min(
+            self.config.victim_loss_patience_max_s,
+            self.config.victim_loss_patience_s_per_gpu_s * lost_gpu_seconds,
+        )
+        threshold = self.config.preemption_wait_s[job.tier] or 0.0
+        if self.now - job.submitted_at >= threshold + patience:
+            return False
+        expected = self._expected_free_for(job, types)
+        if expected > self.now + patience:
+            return False
+        self.held_back[job.id] = expected  # explained with the job's reason
         return True
 
     def _may_still_hold_back(self, job: QueuedJob, past_threshold: bool) -> bool:
