@@ -686,8 +686,7 @@ class _DispatchRound:
             self.config.victim_loss_patience_max_s,
             self.config.victim_loss_patience_s_per_gpu_s * lost_gpu_seconds,
         )
-        threshold = self.config.preemption_wait_s[job.tier] or 0.0
-        if self.now - job.submitted_at >= threshold + patience:
+        if not self._within_of_threshold(job, patience):
             return False
         expected = self._expected_free_for(job, types)
         if expected > self.now + patience:
@@ -699,10 +698,12 @@ class _DispatchRound:
         """Whether the job's preemption may still be held back: a tier with a
         `preemption_hold_back_limit_s` holds back only that long past its threshold."""
         limit = self.config.preemption_hold_back_limit_s[job.tier] if past_threshold else None
-        if limit is None:
-            return True
+        return limit is None or self._within_of_threshold(job, limit)
+
+    def _within_of_threshold(self, job: QueuedJob, seconds: float) -> bool:
+        """Whether the job has waited less than `seconds` past its preemption threshold."""
         threshold = self.config.preemption_wait_s[job.tier] or 0.0
-        return self.now - job.submitted_at < threshold + limit
+        return self.now - job.submitted_at < threshold + seconds
 
     def _expected_free_for(self, job: QueuedJob, types) -> float:
         """When GPUs for `job` are expected to be free by themselves: on any unreserved
