@@ -702,8 +702,8 @@ class _DispatchRound:
 
     def _within_of_threshold(self, job: QueuedJob, seconds: float) -> bool:
         """Whether the job has waited less than `seconds` past its preemption threshold."""
-        threshold = self.config.preemption_wait_s[job.tier] or 0.0
-        return self.now - job.submitted_at < threshold + seconds
+        waited = self.now - job.submitted_at
+        return not self.config.past_preemption_threshold(job.tier, waited - seconds)
 
     def _expected_free_for(self, job: QueuedJob, types) -> float:
         """When GPUs for `job` are expected to be free by themselves: on any unreserved
