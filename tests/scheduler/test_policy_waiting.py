@@ -189,6 +189,33 @@ def test_a_job_no_node_can_hold_has_no_estimate():
     assert waiting["huge"].public_reason == "no active node has 8 GPUs of H100 on one node"
 
 
+def test_a_job_wider_than_every_node_has_no_estimate_though_the_fleet_has_enough_gpus():
+    # Eight H100s in all, four per node: six on one node never come free.
+    nodes = [node("left", gpus=4), node("right", gpus=4)]
+    queue = [
+        job("wide", tier="paid", gpus=6, types=("H100",), submitted_at=NOW - 10),
+        job("narrow", tier="paid", gpus=4, types=("H100",), submitted_at=NOW - 5),
+    ]
+    busy = [
+        allocation(
+            f"r{i}",
+            pool,
+            list(range(4)),
+            tier="enterprise",
+            org="e",
+            started_at=NOW,
+            max_runtime_s=100,
+            preemptible=False,
+        )
+        for i, pool in enumerate(nodes)
+    ]
+    waiting = waiting_of(schedule_round(snapshot(nodes, queue, running=busy, now=NOW)))
+    assert waiting["wide"].estimated_start is None
+    assert waiting["wide"].public_reason == "no active node has 6 GPUs of H100 on one node"
+    # The wide job holds no GPUs in the schedule: the narrow one expects the first node.
+    assert waiting["narrow"].estimated_start == NOW + 100
+
+
 def test_a_job_that_cannot_be_preempted_waits_for_its_tier_share():
     pool = node("solo", gpus=1)
     queue = [job("pinned", tier="free", preemptible=False)]

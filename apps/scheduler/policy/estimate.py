@@ -12,9 +12,10 @@ own expected runtime. Two corrections, each measured on the simulator's bursty r
   themselves to the jobs after it;
 - work yet to arrive: a tier's wait is stretched by 1 + the share of the fleet the tiers
   above it held lately (decayed usage), the GPUs that their later jobs will take first.
-What it leaves out: that a job's GPUs must be on one node (a multi-GPU job may start
-later than estimated) and bursts (a sudden higher-tier burst pushes starts back). The
-simulator measures the error against the actual starts.
+A job that no active node could hold on one node gets no estimate and holds no GPUs in
+the schedule. What it leaves out: that a job's GPUs must be on one node (a multi-GPU job
+may start later than estimated) and bursts (a sudden higher-tier burst pushes starts
+back). The simulator measures the error against the actual starts.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ def estimate(
     *,
     now: float,
     runtime_ratio: Callable[[str], float],
+    fits: Callable[[str, int], bool] | None = None,
     stretch: Mapping[str, float] | None = None,
     victims: Victims | None = None,
 ) -> dict[Id, tuple[int, float | None]]:
@@ -206,7 +208,9 @@ def estimate(
     `stretch` (tier -> factor, see stretch_by_tier) lengthens each tier's waits for the
     higher-tier work yet to come; the schedule itself is not stretched. A job that
     preemption would start sooner (`victims`) is estimated to start then and leaves the
-    GPUs that free up by themselves to the jobs after it."""
+    GPUs that free up by themselves to the jobs after it. `fits` (GPU type, count):
+    whether some active node has that many GPUs of that type; a type that fails it is
+    never estimated for the job, however many GPUs of it the fleet has in all."""
     stretch = stretch or {}
     result: dict[Id, tuple[int, float | None]] = {}
     ahead_by_types: dict[tuple[str, ...], int] = {}
@@ -220,6 +224,8 @@ def estimate(
         for gpu_type in types:
             heap = heaps.get(gpu_type)
             if not heap or len(heap) < job.gpu_count:
+                continue
+            if fits is not None and not fits(gpu_type, job.gpu_count):
                 continue
             # The job's count-th earliest GPU: pop that many (a handful), then put back.
             earliest = [heapq.heappop(heap) for _ in range(job.gpu_count)]

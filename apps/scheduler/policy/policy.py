@@ -303,13 +303,9 @@ class _DispatchRound:
         count = job.gpu_count
         types = self.index.allowed_types(job)
         self.served.append(job)
-        if count < 1 or not types or not self.index.could_ever_fit(types, count):
-            # No active node could ever hold it.
-            wanted = f"{count} GPU{'s' if count != 1 else ''} of {_types_phrase(types)}"
-            self.why[job.id] = (
-                f"no active node has {wanted} on one node",
-                f"no active node has {wanted} on one node",
-            )
+        unplaceable = self._no_node_holds(job, types)
+        if unplaceable is not None:
+            self.why[job.id] = (unplaceable, unplaceable)
             return 0, False
         within_ceiling = self._within_ceiling(job)
         end = self.now + job.max_runtime_s
@@ -383,8 +379,21 @@ class _DispatchRound:
             sum(counts[gpu_type][1] for gpu_type in types),
         )
 
+    def _no_node_holds(self, job: QueuedJob, types: tuple[str, ...]) -> str | None:
+        """ "no active node has 6 GPUs of H100 on one node" when no active node could
+        ever hold the job, free or not (whatever the fleet holds in all), else None."""
+        count = job.gpu_count
+        if count >= 1 and types and self.index.could_ever_fit(types, count):
+            return None
+        wanted = f"{count} GPU{'s' if count != 1 else ''} of {_types_phrase(types)}"
+        return f"no active node has {wanted} on one node"
+
     def _why_not_reached(self, job: QueuedJob) -> tuple[str, str]:
-        """A job the round did not examine: its GPU types are busy, or others come first."""
+        """A job the round did not examine: no node could hold it, its GPU types are
+        busy, or others come first."""
+        unplaceable = self._no_node_holds(job, self.index.allowed_types(job))
+        if unplaceable is not None:
+            return unplaceable, unplaceable
         types = self._present(self.index.allowed_types(job))
         busy = self._busy(types, job.gpu_count) if types else None
         if busy is not None:
@@ -444,6 +453,7 @@ class _DispatchRound:
             self.index.allowed_types,
             now=self.now,
             runtime_ratio=self.snapshot.typical_ratio,
+            fits=lambda gpu_type, count: self.index.could_ever_fit((gpu_type,), count),
             stretch=stretch_by_tier(self._held_above_lately(), self.capacity),
             victims=Victims(
                 ((pool.gpu_type, a) for pool in self.index.pools for a in pool.allocations),
