@@ -160,10 +160,15 @@ class ResultLinkSerializer(serializers.Serializer):
 class QueueSerializer(serializers.Serializer):
     position = serializers.IntegerField(
         allow_null=True,
-        help_text="1 = next to start among the jobs that compete for the same GPUs.",
+        help_text="1 = next to start among the jobs that compete for the same GPUs; null "
+        "when not known yet, or when no active node could hold the job.",
     )
     reason = serializers.CharField(help_text="Why it waits, e.g. waiting for an H100: 1 of 1 busy.")
-    estimated_start_at = serializers.DateTimeField(allow_null=True)
+    estimated_start_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When it is expected to start; null when not known, or when no active node "
+        "could hold the job.",
+    )
 
 
 class ResourcesSerializer(serializers.Serializer):

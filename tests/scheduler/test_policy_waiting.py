@@ -210,10 +210,11 @@ def test_a_job_wider_than_every_node_has_no_estimate_though_the_fleet_has_enough
         for i, pool in enumerate(nodes)
     ]
     waiting = waiting_of(schedule_round(snapshot(nodes, queue, running=busy, now=NOW)))
-    assert waiting["wide"].estimated_start is None
+    assert (waiting["wide"].position, waiting["wide"].estimated_start) == (None, None)
     assert waiting["wide"].public_reason == "no active node has 6 GPUs of H100 on one node"
-    # The wide job holds no GPUs in the schedule: the narrow one expects the first node.
-    assert waiting["narrow"].estimated_start == NOW + 100
+    # The wide job holds no GPUs in the schedule and stands ahead of no one: the narrow
+    # one is next and expects the first node.
+    assert (waiting["narrow"].position, waiting["narrow"].estimated_start) == (1, NOW + 100)
 
 
 def test_a_job_that_cannot_be_preempted_waits_for_its_tier_share():

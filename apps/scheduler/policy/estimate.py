@@ -201,7 +201,7 @@ def estimate(
     fits: Callable[[str, int], bool] | None = None,
     stretch: Mapping[str, float] | None = None,
     victims: Victims | None = None,
-) -> dict[Id, tuple[int, float | None]]:
+) -> dict[Id, tuple[int | None, float | None]]:
     """job id -> (position among the jobs ahead that compete for a GPU type it may use,
     estimated start or None). `heaps` is consumed.
 
@@ -210,12 +210,17 @@ def estimate(
     preemption would start sooner (`victims`) is estimated to start then and leaves the
     GPUs that free up by themselves to the jobs after it. `fits` (GPU type, count):
     whether some active node has that many GPUs of that type; a type that fails it is
-    never estimated for the job, however many GPUs of it the fleet has in all."""
+    never estimated for the job, however many GPUs of it the fleet has in all, and a job
+    that fails it on every type has neither a position nor an estimate."""
     stretch = stretch or {}
-    result: dict[Id, tuple[int, float | None]] = {}
+    result: dict[Id, tuple[int | None, float | None]] = {}
     ahead_by_types: dict[tuple[str, ...], int] = {}
     for job in jobs:
         types = allowed_types(job)
+        if fits is not None and types and not any(fits(t, job.gpu_count) for t in types):
+            # No active node could hold it: it stands nowhere, and ahead of no one.
+            result[job.id] = (None, None)
+            continue
         ahead = sum(
             count for other, count in ahead_by_types.items() if not types or set(other) & set(types)
         )
