@@ -12,6 +12,10 @@ Shapes:
 - `short-requests`: 26,000 single-GPU requests over about 80 minutes from 4,000
   tenants, ten of which send 40 % of them; run times log-normal around 23 s; bursts of
   four times the base rate lasting one to ten minutes.
+- `gang-heavy`: about 1,100 jobs over 6 hours from 200 orgs whose volumes fall off as a
+  power law (the first sends about a fifth); 1, 2, 4 and 8 GPUs (55 / 15 / 18 / 12 %),
+  any type; run times log-normal around 15 minutes, up to 2 hours; arrivals rise and
+  fall over two-hour cycles; half of the enterprise jobs cannot be preempted.
 
 Columns: submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible (see
 ../shared/traces/README.md). Seeded: the same arguments write the same file.
@@ -66,7 +70,30 @@ def short_requests(rng: random.Random) -> list[tuple]:
     return rows
 
 
-SHAPES = {"heavy-tenants": (heavy_tenants, 3), "short-requests": (short_requests, 5)}
+def gang_heavy(rng: random.Random) -> list[tuple]:
+    orgs = [f"o{i}" for i in range(200)]
+    volume = [1 / (i + 1) ** 1.1 for i in range(200)]
+    tiers = {org: rng.choices(("enterprise", "paid", "free"), (0.15, 0.45, 0.4))[0] for org in orgs}
+    rows, now, span = [], 0.0, 6 * 3600
+    while True:
+        rate = 0.05 * (1 + 0.8 * math.sin(2 * math.pi * now / 7200))  # jobs per second
+        now += rng.expovariate(rate)
+        if now >= span:
+            return rows
+        org = rng.choices(orgs, volume)[0]
+        tier = tiers[org]
+        gpus = rng.choices((1, 2, 4, 8), (0.55, 0.15, 0.18, 0.12))[0]
+        run_s = min(7200, rng.lognormvariate(math.log(900), 1.0))
+        preemptible = not (tier == "enterprise" and rng.random() < 0.5)
+        user = f"{org}-u{rng.randrange(3)}"
+        rows.append((int(now), int(run_s), gpus, "", tier, org, user, str(preemptible).lower()))
+
+
+SHAPES = {
+    "heavy-tenants": (heavy_tenants, 3),
+    "short-requests": (short_requests, 5),
+    "gang-heavy": (gang_heavy, 1),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

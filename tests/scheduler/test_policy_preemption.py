@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from apps.scheduler.policy import Place, PolicyConfig, Preempt, schedule
+from apps.scheduler.policy import Place, PolicyConfig, Preempt, schedule, schedule_round
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
 NOW = 1000.0
@@ -380,3 +380,81 @@ def test_preemption_never_pushes_the_victim_tier_below_its_floor():
     )
     [preempt] = preempts(decisions)
     assert preempt.node == "paid-node"  # free holds exactly its floor (8 of 16)
+
+
+def node_with_free_work(name, gpus_held=6):
+    """An 8-GPU node where a preemptible free job holds `gpus_held` GPUs, the rest free."""
+    on = node(name)
+    held = allocation(f"{name}-alloc", on, range(gpus_held), tier="free", org="free-org")
+    return on, held
+
+
+def test_an_enterprise_job_preempts_on_the_node_draining_for_a_paid_gang_job():
+    # The only victims are on the node a paid 8-GPU job has been draining: its drain must
+    # not keep the enterprise job from its prompt start.
+    draining = node_with_free_work("draining")
+    pinned = full_node("pinned", "enterprise", org="other-ent", preemptible=False)
+    queue = [
+        job(
+            "gang",
+            tier="paid",
+            org="paid-org",
+            gpus=8,
+            submitted_at=NOW - 30,  # under paid's threshold: it drains, it does not preempt
+            claimed_node="draining",
+        ),
+        enterprise_job(),
+    ]
+    result = schedule_round(
+        snapshot(
+            [draining[0], pinned[0]],
+            queue,
+            running=[draining[1], pinned[1]],
+            now=NOW,
+            config=NO_FLOORS,
+        )
+    )
+    [preempt] = preempts(result.decisions)
+    assert (preempt.node, preempt.for_job_id) == ("draining", "urgent")
+    assert preempt.allocation_ids == ("draining-alloc",)
+    gang = {w.job_id: w for w in result.waiting}["gang"]
+    assert "gave way to job urgent (enterprise)" in gang.reason
+    assert gang.public_reason == (
+        "waiting for 8 H100 GPUs on one node: the node being freed for it went to "
+        "higher-priority work"
+    )
+    assert "urgent" not in gang.public_reason
+
+
+def test_a_paid_job_never_preempts_on_a_node_draining_for_an_enterprise_gang_job():
+    draining = node_with_free_work("draining")
+    queue = [
+        job(
+            "gang",
+            tier="enterprise",
+            org="ent",
+            gpus=8,
+            submitted_at=NOW - 2,
+            claimed_node="draining",
+        ),
+        job("paid-gang", tier="paid", org="paid-org", gpus=8, submitted_at=NOW - 3600),
+    ]
+    decisions = run([draining], queue)
+    assert [p.for_job_id for p in preempts(decisions)] in ([], ["gang"])
+
+
+def test_an_enterprise_job_never_preempts_on_a_node_draining_for_another_enterprise_job():
+    draining = node_with_free_work("draining")
+    queue = [
+        job(
+            "first",
+            tier="enterprise",
+            org="ent-a",
+            gpus=8,
+            submitted_at=NOW - 2,
+            claimed_node="draining",
+        ),
+        job("second", tier="enterprise", org="ent-b", gpus=8, submitted_at=NOW - 30),
+    ]
+    decisions = run([draining], queue)
+    assert "second" not in [p.for_job_id for p in preempts(decisions)]

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .config import TIER_RANK
 from .snapshot import GpuType, Id, Node, NodeState, QueuedJob, RunningAllocation
 
 _NEVER = math.inf
@@ -40,6 +41,7 @@ class Reservation:
     surplus: int  # GPUs available by `start` beyond `count`: usable by jobs ending later
     claim: bool = False  # made by a preemption: the GPUs are being freed for this job
     pool_ordinal: int = -1
+    rank: int = 0  # the tier rank of the job it holds for (TIER_RANK)
 
     def admits(self, count: int, end: float) -> bool:
         """Whether a job of `count` GPUs ending at `end` can use this pool without delaying
@@ -432,6 +434,7 @@ class CapacityIndex:
             surplus=max(0, pool.available_by(start) - job.gpu_count),
             claim=claim,
             pool_ordinal=pool.ordinal,
+            rank=TIER_RANK.get(job.tier, 0),
         )
         replaced = pool.reservation
         if replaced is not None:

@@ -114,6 +114,7 @@ class _DispatchRound:
         self.drains_by_tier: dict[str, int] = {}
         self._drain_quota: dict[str, int] | None = None
         self.reservations: dict = {}  # job id -> its Reservation in this round
+        self._queued_by_id: dict | None = None  # built when first needed (rare)
         self.no_victims: set[tuple] = set()  # (types, count, tier) that found no victims
         self.fits_soon: set[tuple] = set()  # (types, count) that need no preemption
         self.victims = VictimFinder(self.index, self.now, self.config)
@@ -502,6 +503,26 @@ class _DispatchRound:
         else:
             self.drains_by_tier[job.tier] -= 1
 
+    def _displace_drain(self, pool: Pool, job: QueuedJob) -> None:
+        """A lower-tier job's drain on `pool` gives way to `job`'s preemption there. The
+        displaced job keeps its place in the queue and may be granted another node (its
+        claim on this one yields to the higher-tier claim in later rounds)."""
+        reservation = pool.reservation
+        if reservation is None or reservation.job_id == job.id:
+            return
+        if self._queued_by_id is None:
+            self._queued_by_id = {queued.id: queued for queued in self.snapshot.queued}
+        displaced = self._queued_by_id.get(reservation.job_id)
+        if displaced is None or self.reservations.get(displaced.id) is not reservation:
+            return
+        self._release_reservation(displaced)
+        self.why[displaced.id] = (
+            f"its drain on {pool.node} gave way to job {job.id} ({job.tier}), which preempts "
+            f"there; another node may drain for it",
+            f"waiting for {_wanted_phrase(displaced.gpu_count, (pool.gpu_type,))} on one "
+            f"node: the node being freed for it went to higher-priority work",
+        )
+
     def _may_drain_for(self, tier: str) -> bool:
         """Whether a new drain fits the budget overall and the tier's share of it: the
         budget split by the tiers' entitlements in whole drains (largest remainder). A
@@ -789,6 +810,7 @@ class _DispatchRound:
         pool.preemption_locked = True
         # A drain it held is abandoned: the dispatcher moves its claim to this node.
         self._release_reservation(job)
+        self._displace_drain(pool, job)
         start = self.now + self.config.preemption_grace_s
         self.reservations[job.id] = self.index.reserve(pool, job, start, claim=True)
         self._add_pending_claim(job.org, job.gpu_count)
