@@ -13,7 +13,9 @@ towards their org's demand, with the snapshot's `backlog`.
    drain for them (`Reserve`): at most `reserved_node_share` of the nodes, split between
    tiers by fair entitlement in whole drains, granted within a tier by aged org fair
    share. Other jobs may use a reserved node only if they finish before the reserved
-   job's start (backfill) or use GPUs it does not need; so its start never moves later.
+   job's start (backfill) or use GPUs it does not need; so its start never moves later,
+   unless a job of a higher tier finds its only victims there: the drain then gives way
+   to that preemption, and the job may be granted another node.
 3. Fair-share round. Queued jobs are taken in hierarchical fair-share order
    (`FairShareQueue`: tier → org → user → FIFO). Each starts best-fit on one node of its
    most preferred allowed type with room, respecting the reservations; beyond its
