@@ -419,3 +419,29 @@ def test_preemption_stops_the_job_that_checkpointed_last_losing_the_least_work()
 
     assert Job.objects.get(pk=saved.pk).status == JobStatus.PREEMPTING
     assert Job.objects.get(pk=unsaved.pk).status == JobStatus.RUNNING
+
+
+def test_a_paid_jobs_drain_gives_way_to_an_enterprise_job_that_preempts_there(settings):
+    settings.GANTRY_POLICY = {
+        "reserved_node_share": 1.0,  # the one node may drain
+        "tier_floors": {"enterprise": 0, "paid": 0, "free": 0},  # free work may be taken
+    }
+    node = NodeFactory(gpus=4)
+    free_org = OrgFactory(tier=Tier.FREE)
+    for _ in range(3):
+        JobFactory(org=free_org, max_runtime_s=600)
+    run_dispatch_tick()
+    for attempt in Attempt.objects.all():
+        start_attempt(attempt, ran_for_s=10)
+    big = queued_since(5, gpu_count=4)  # paid, under its preemption threshold: it drains
+    run_dispatch_tick()
+    assert NodeClaim.objects.get(job=big).kind == DecisionKind.RESERVE
+    urgent = queued_since(30, org=OrgFactory(tier=Tier.ENTERPRISE), gpu_count=4)
+
+    result = run_dispatch_tick()
+
+    assert result.preempted == 1
+    claim = NodeClaim.objects.get(job=urgent)
+    assert (claim.node, claim.kind) == (node, DecisionKind.PREEMPT)
+    assert Job.objects.filter(org=free_org, status=JobStatus.PREEMPTING).count() == 3
+    assert Job.objects.get(pk=big.pk).status == JobStatus.QUEUED
