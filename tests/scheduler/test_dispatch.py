@@ -353,8 +353,8 @@ def test_removed_nodes_are_not_in_the_snapshot():
     assert build_snapshot().cluster.nodes == []
 
 
-def test_a_blocked_multi_gpu_job_reserves_a_node_that_only_short_jobs_backfill(settings):
-    settings.GANTRY_POLICY = {"reserved_node_share": 1.0}  # the one node may drain
+def _four_gpus_three_held_by_free_jobs():
+    """A 4-GPU node where three free jobs of one org started 10 s ago: (node, their org)."""
     node = NodeFactory(gpus=4)
     free_org = OrgFactory(tier=Tier.FREE)
     for _ in range(3):
@@ -362,6 +362,12 @@ def test_a_blocked_multi_gpu_job_reserves_a_node_that_only_short_jobs_backfill(s
     run_dispatch_tick()
     for attempt in Attempt.objects.all():
         start_attempt(attempt, ran_for_s=10)
+    return node, free_org
+
+
+def test_a_blocked_multi_gpu_job_reserves_a_node_that_only_short_jobs_backfill(settings):
+    settings.GANTRY_POLICY = {"reserved_node_share": 1.0}  # the one node may drain
+    node, _ = _four_gpus_three_held_by_free_jobs()
     big = queued_since(5, gpu_count=4)  # paid, not yet waiting long enough to preempt
 
     result = run_dispatch_tick()
@@ -426,13 +432,7 @@ def test_a_paid_jobs_drain_gives_way_to_an_enterprise_job_that_preempts_there(se
         "reserved_node_share": 1.0,  # the one node may drain
         "tier_floors": {"enterprise": 0, "paid": 0, "free": 0},  # free work may be taken
     }
-    node = NodeFactory(gpus=4)
-    free_org = OrgFactory(tier=Tier.FREE)
-    for _ in range(3):
-        JobFactory(org=free_org, max_runtime_s=600)
-    run_dispatch_tick()
-    for attempt in Attempt.objects.all():
-        start_attempt(attempt, ran_for_s=10)
+    node, free_org = _four_gpus_three_held_by_free_jobs()
     big = queued_since(5, gpu_count=4)  # paid, under its preemption threshold: it drains
     run_dispatch_tick()
     assert NodeClaim.objects.get(job=big).kind == DecisionKind.RESERVE

@@ -426,35 +426,31 @@ def test_an_enterprise_job_preempts_on_the_node_draining_for_a_paid_gang_job():
     assert "urgent" not in gang.public_reason
 
 
-def test_a_paid_job_never_preempts_on_a_node_draining_for_an_enterprise_gang_job():
+@pytest.mark.parametrize(
+    ("holder", "claimant", "claimant_waited"),
+    [("enterprise", "paid", 3600.0), ("enterprise", "enterprise", 30.0)],
+    ids=["paid-behind-enterprise", "enterprise-behind-enterprise"],
+)
+def test_a_drain_never_gives_way_to_a_job_of_the_same_or_a_lower_tier(
+    holder, claimant, claimant_waited
+):
     draining = node_with_free_work("draining")
     queue = [
         job(
-            "gang",
-            tier="enterprise",
-            org="ent",
+            "holder",
+            tier=holder,
+            org="holder-org",
             gpus=8,
             submitted_at=NOW - 2,
             claimed_node="draining",
         ),
-        job("paid-gang", tier="paid", org="paid-org", gpus=8, submitted_at=NOW - 3600),
-    ]
-    decisions = run([draining], queue)
-    assert [p.for_job_id for p in preempts(decisions)] in ([], ["gang"])
-
-
-def test_an_enterprise_job_never_preempts_on_a_node_draining_for_another_enterprise_job():
-    draining = node_with_free_work("draining")
-    queue = [
         job(
-            "first",
-            tier="enterprise",
-            org="ent-a",
+            "claimant",
+            tier=claimant,
+            org="claimant-org",
             gpus=8,
-            submitted_at=NOW - 2,
-            claimed_node="draining",
+            submitted_at=NOW - claimant_waited,
         ),
-        job("second", tier="enterprise", org="ent-b", gpus=8, submitted_at=NOW - 30),
     ]
     decisions = run([draining], queue)
-    assert "second" not in [p.for_job_id for p in preempts(decisions)]
+    assert "claimant" not in [p.for_job_id for p in preempts(decisions)]
