@@ -52,7 +52,6 @@ from .preemption import VictimChoice, VictimFinder
 from .snapshot import (
     ClusterSnapshot,
     Decision,
-    Id,
     Place,
     Preempt,
     QueuedJob,
@@ -506,18 +505,18 @@ class _DispatchRound:
         else:
             self.drains_by_tier[job.tier] -= 1
 
-    def _displace_drain(self, pool: Pool, job: QueuedJob) -> Id | None:
-        """A lower-tier job's drain on `pool` gives way to `job`'s preemption there: the
-        id of the displaced job, or None. It keeps its place in the queue; the
-        dispatcher drops its claim on the node, and another node may drain for it."""
+    def _displace_drain(self, pool: Pool, job: QueuedJob) -> None:
+        """A lower-tier job's drain on `pool` gives way to `job`'s preemption there. The
+        displaced job keeps its place in the queue and may be granted another node (its
+        claim on this one yields to the higher-tier claim in later rounds)."""
         reservation = pool.reservation
         if reservation is None or reservation.job_id == job.id:
-            return None
+            return
         if self._queued_by_id is None:
             self._queued_by_id = {queued.id: queued for queued in self.snapshot.queued}
         displaced = self._queued_by_id.get(reservation.job_id)
         if displaced is None or self.reservations.get(displaced.id) is not reservation:
-            return None
+            return
         self._release_reservation(displaced)
         self.why[displaced.id] = (
             f"its drain on {pool.node} gave way to job {job.id} ({job.tier}), which preempts "
@@ -525,7 +524,6 @@ class _DispatchRound:
             f"waiting for {_wanted_phrase(displaced.gpu_count, (pool.gpu_type,))} on one "
             f"node: the node being freed for it went to higher-priority work",
         )
-        return displaced.id
 
     def _may_drain_for(self, tier: str) -> bool:
         """Whether a new drain fits the budget overall and the tier's share of it: the
@@ -814,7 +812,7 @@ class _DispatchRound:
         pool.preemption_locked = True
         # A drain it held is abandoned: the dispatcher moves its claim to this node.
         self._release_reservation(job)
-        displaced = self._displace_drain(pool, job)
+        self._displace_drain(pool, job)
         start = self.now + self.config.preemption_grace_s
         self.reservations[job.id] = self.index.reserve(pool, job, start, claim=True)
         self._add_pending_claim(job.org, job.gpu_count)
@@ -848,7 +846,6 @@ class _DispatchRound:
                     f"stopping {victims} on {pool.node}, losing "
                     f"{choice.lost_gpu_seconds:.0f} GPU-s since their last checkpoint"
                 ),
-                displaces=displaced,
             )
         )
 

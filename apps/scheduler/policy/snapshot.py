@@ -188,9 +188,6 @@ class Preempt:
     node: str
     for_job_id: Id
     reason: str
-    displaces: Id | None = None
-    """A lower-tier job whose drain of `node` gave way to this preemption: the dispatcher
-    drops its claim on the node, so that another node may drain for it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,15 +44,6 @@ def claim_node(*, job_id, node_id: int, kind: str, record: DispatchDecision) -> 
     return NodeClaim.objects.create(job_id=job_id, node_id=node_id, kind=kind, decision=record)
 
 
-def drop_drain_claim(*, job_id, node_id: int) -> bool:
-    """Forget the job's drain (reservation) claim on `node_id`, if it still has it: its
-    drain gave way to a higher-tier job's preemption there. Whether one was dropped."""
-    deleted, _ = NodeClaim.objects.filter(
-        job_id=job_id, node_id=node_id, kind=DecisionKind.RESERVE
-    ).delete()
-    return deleted > 0
-
-
 def node_for_share(name: str) -> tuple[int, str]:
     """Lock the node row FOR SHARE (a drain or removal waits for us, and we for it)."""
     table = Node._meta.db_table

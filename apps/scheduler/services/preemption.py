@@ -28,7 +28,6 @@ from apps.scheduler.services.decisions import (
     AppliedDecision,
     Refused,
     claim_node,
-    drop_drain_claim,
     node_for_share,
     record_skipped,
     skip_reason,
@@ -126,6 +125,3 @@ def _preempt(decision: Preempt, *, tick: uuid.UUID) -> None:
         reason=decision.reason,
     )
     claim_node(job_id=waiting.pk, node_id=node_id, kind=DecisionKind.PREEMPT, record=record)
-    if decision.displaces is not None:
-        # The lower-tier job whose drain of this node gave way: another node may drain for it.
-        drop_drain_claim(job_id=decision.displaces, node_id=node_id)

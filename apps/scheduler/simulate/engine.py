@@ -778,14 +778,6 @@ class Simulation:
             self._push(now + self.stop_delay, _STOP, allocation_id)
         claimant.queued.claimed_node = decision.node
         self.claimed[claimant.spec.id] = claimant
-        displaced = self.jobs.get(decision.displaces) if decision.displaces else None
-        if (
-            displaced is not None
-            and displaced.queued is not None
-            and displaced.queued.claimed_node == decision.node
-        ):
-            displaced.queued.claimed_node = None  # its drain gave way: as the dispatcher
-            self.claimed.pop(displaced.spec.id, None)
 
     def _borrowing(self, tier: str) -> bool:
         """Whether the tier holds GPUs beyond its ceiling (in whole GPUs): those may be
