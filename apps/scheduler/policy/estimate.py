@@ -217,7 +217,8 @@ def estimate(
     ahead_by_types: dict[tuple[str, ...], int] = {}
     for job in jobs:
         types = allowed_types(job)
-        if fits is not None and types and not any(fits(t, job.gpu_count) for t in types):
+        fitting = types if fits is None else [t for t in types if fits(t, job.gpu_count)]
+        if types and not fitting:
             # No active node could hold it: it stands nowhere, and ahead of no one.
             result[job.id] = (None, None)
             continue
@@ -226,11 +227,9 @@ def estimate(
         )
         ahead_by_types[types] = ahead_by_types.get(types, 0) + 1
         best_type, best_start = None, None
-        for gpu_type in types:
+        for gpu_type in fitting:
             heap = heaps.get(gpu_type)
             if not heap or len(heap) < job.gpu_count:
-                continue
-            if fits is not None and not fits(gpu_type, job.gpu_count):
                 continue
             # The job's count-th earliest GPU: pop that many (a handful), then put back.
             earliest = [heapq.heappop(heap) for _ in range(job.gpu_count)]

@@ -116,7 +116,7 @@ class _DispatchRound:
         self.drains_by_tier: dict[str, int] = {}
         self._drain_quota: dict[str, int] | None = None
         self.reservations: dict = {}  # job id -> its Reservation in this round
-        self._queued_by_id: dict | None = None  # built when first needed (rare)
+        self._queued_by_id_cache: dict | None = None  # see _queued_by_id
         self.no_victims: set[tuple] = set()  # (types, count, tier) that found no victims
         self.fits_soon: set[tuple] = set()  # (types, count) that need no preemption
         self.victims = VictimFinder(self.index, self.now, self.config)
@@ -394,10 +394,11 @@ class _DispatchRound:
     def _why_not_reached(self, job: QueuedJob) -> tuple[str, str]:
         """A job the round did not examine: no node could hold it, its GPU types are
         busy, or others come first."""
-        unplaceable = self._no_node_holds(job, self.index.allowed_types(job))
+        allowed = self.index.allowed_types(job)
+        unplaceable = self._no_node_holds(job, allowed)
         if unplaceable is not None:
             return unplaceable, unplaceable
-        types = self._present(self.index.allowed_types(job))
+        types = self._present(allowed)
         busy = self._busy(types, job.gpu_count) if types else None
         if busy is not None:
             return f"{busy}; not reached this round (fair-share order)", busy
@@ -416,7 +417,7 @@ class _DispatchRound:
         stands and when it may start (see estimate.py)."""
         placed: dict = {}
         seen = set()  # the placed jobs, then each waiting job once it has its place
-        queued_by_id = {job.id: job for job in self.snapshot.queued}
+        queued_by_id = self._queued_by_id()
         for decision in self.decisions:
             if isinstance(decision, Place):
                 seen.add(decision.job_id)
@@ -505,6 +506,13 @@ class _DispatchRound:
         else:
             self.drains_by_tier[job.tier] -= 1
 
+    def _queued_by_id(self) -> dict:
+        """job id -> the snapshot's QueuedJob, built once per round when first needed
+        (explaining, or a drain giving way)."""
+        if self._queued_by_id_cache is None:
+            self._queued_by_id_cache = {queued.id: queued for queued in self.snapshot.queued}
+        return self._queued_by_id_cache
+
     def _displace_drain(self, pool: Pool, job: QueuedJob) -> None:
         """A lower-tier job's drain on `pool` gives way to `job`'s preemption there. The
         displaced job keeps its place in the queue and may be granted another node (its
@@ -512,9 +520,7 @@ class _DispatchRound:
         reservation = pool.reservation
         if reservation is None or reservation.job_id == job.id:
             return
-        if self._queued_by_id is None:
-            self._queued_by_id = {queued.id: queued for queued in self.snapshot.queued}
-        displaced = self._queued_by_id.get(reservation.job_id)
+        displaced = self._queued_by_id().get(reservation.job_id)
         if displaced is None or self.reservations.get(displaced.id) is not reservation:
             return
         self._release_reservation(displaced)

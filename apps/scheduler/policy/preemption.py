@@ -176,34 +176,41 @@ class VictimFinder:
                 )
             ) and candidate[0].id not in self.taken
 
-        # Pools that could free enough, with how many GPUs each still needs: those open
-        # to anyone, and those draining for a lower-tier job (a fallback, below).
-        pools, drained = [], []
-        pool_info, pool_infos = self._pool_info, self._pools
+        # Pools that could free enough, with how many GPUs each still needs. Those
+        # draining for a lower-tier job are a fallback, looked at only if no open pool
+        # serves: taking its node sets that job back, and on the bursty runs letting them
+        # compete from the start cost work lost for nothing.
         below_rank = job_rank + 1 if same_tier_victim else job_rank
+        pools, drained = [], []
         for type_rank, gpu_type in enumerate(types):
             for pool in self._index.pools_by_type.get(gpu_type, ()):
                 if pool.size < count or pool.preemption_locked:
                     continue
                 reservation = pool.reservation
-                overridden = reservation is not None and reservation.job_id != job_id
-                if overridden and not (lower_tiers and overrides_drain(reservation, job_rank)):
-                    continue
-                need = count - len(pool.free_ids)
-                if need <= 0:
-                    continue
-                info = pool_infos.get(pool.ordinal) or pool_info(pool)
-                below = info[1]
-                eligible = below[below_rank] + sum(
-                    below[rank + 1] - below[rank] for rank in borrowed_ranks if rank >= below_rank
-                )
-                if eligible >= need:
-                    (drained if overridden else pools).append((pool, need, type_rank, info[0]))
-        # A drain gives way only where no open node has victims enough: taking its node
-        # sets its job back, and on the bursty runs it cost work lost for nothing.
-        return self._choose(pools, job_rank, may_lose, usable, borrowed_ranks) or (
-            self._choose(drained, job_rank, may_lose, usable, borrowed_ranks) if drained else None
+                if reservation is None or reservation.job_id == job_id:
+                    self._add_if_enough(pools, pool, count, type_rank, below_rank, borrowed_ranks)
+                elif lower_tiers and overrides_drain(reservation, job_rank):
+                    drained.append((pool, type_rank))
+        choice = self._choose(pools, job_rank, may_lose, usable, borrowed_ranks)
+        if choice is not None or not drained:
+            return choice
+        pools = []
+        for pool, type_rank in drained:
+            self._add_if_enough(pools, pool, count, type_rank, below_rank, borrowed_ranks)
+        return self._choose(pools, job_rank, may_lose, usable, borrowed_ranks)
+
+    def _add_if_enough(self, pools, pool, count, type_rank, below_rank, borrowed_ranks) -> None:
+        """Append (pool, GPUs it still needs, type rank, candidates) to `pools` if its
+        candidates of a rank below `below_rank` (or of a borrowing rank) could free them."""
+        need = count - len(pool.free_ids)
+        if need <= 0:
+            return
+        candidates, below = self._pools.get(pool.ordinal) or self._pool_info(pool)
+        eligible = below[below_rank] + sum(
+            below[rank + 1] - below[rank] for rank in borrowed_ranks if rank >= below_rank
         )
+        if eligible >= need:
+            pools.append((pool, need, type_rank, candidates))
 
     def _choose(self, pools, job_rank, may_lose, usable, borrowed_ranks) -> VictimChoice | None:
         """The best victim set among `pools` ((pool, GPUs needed, type rank, candidates))."""
