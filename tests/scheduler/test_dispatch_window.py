@@ -6,7 +6,11 @@ import sys
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from apps.accounts.models import Tier
 from apps.jobs.models import Job, JobStatus
@@ -16,7 +20,7 @@ from apps.scheduler.services import snapshot as snapshot_module
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.snapshot import build_snapshot
 from tests.factories import OrgFactory, ProjectFactory, UserFactory
-from tests.scheduler.factories import NodeFactory, queued_since
+from tests.scheduler.factories import JobFactory, NodeFactory, queued_since
 
 pytestmark = pytest.mark.django_db
 
@@ -196,6 +200,58 @@ def test_the_users_the_database_lists_per_tier_are_the_policys_share(settings, u
     assert [job.id for job in read.queued] == [
         job.id for job in queue_window(whole, read.config).listed
     ]
+
+
+# A tier's users: per org, per user, how many jobs it queued and when its oldest one was
+# (few distinct times, so heads tie and the order falls to org and user).
+_TIER_SHAPES = st.lists(  # orgs
+    st.lists(
+        st.tuples(st.integers(1, 2), st.sampled_from((100, 200, 300))), min_size=1, max_size=4
+    ),
+    max_size=4,
+)
+
+
+@given(shape=st.tuples(_TIER_SHAPES, _TIER_SHAPES, _TIER_SHAPES), cap=st.integers(3, 30))
+@hypothesis_settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+def test_whatever_the_tiers_orgs_users_and_cap_the_database_lists_the_policys_users(
+    settings, shape, cap
+):
+    # The cut is computed in SQL by each head's rank within its org: whole ranks first,
+    # then the oldest heads of the rank that fits in part.
+    settings.GANTRY_POLICY = {
+        "queue_depth_per_user": 1,
+        "queue_window_jobs": 0,
+        "queue_window_max_jobs": cap,
+    }
+    with transaction.atomic():  # each example on its own queue
+        _queue_tiers(shape)
+        read = build_snapshot().cluster
+        whole = build_snapshot(
+            config=PolicyConfig(queue_depth_per_user=10_000, queue_window_max_jobs=10_000)
+        ).cluster.queued
+        transaction.set_rollback(True)
+
+    assert [job.id for job in read.queued] == [
+        job.id for job in queue_window(whole, read.config).listed
+    ]
+
+
+def _queue_tiers(shape):
+    now = timezone.now()
+    for tier, orgs in zip((Tier.ENTERPRISE, Tier.PAID, Tier.FREE), shape, strict=True):
+        for users in orgs:
+            org = OrgFactory(tier=tier)
+            project = ProjectFactory(org=org)
+            for jobs, oldest in users:
+                user = UserFactory(org=org)
+                for n in range(jobs):
+                    at = now - timedelta(seconds=oldest - 10 * n)
+                    JobFactory(org=org, project=project, user=user, queued_at=at)
 
 
 def test_a_claimed_job_is_listed_although_the_cap_leaves_its_user_out(settings):

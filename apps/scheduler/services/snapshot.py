@@ -265,7 +265,11 @@ def _running(now: float, gpus_of: dict[str, list[int]]):
 # With more users than `max_jobs`, only the users `listed_users` picks: per tier the same
 # number (max-min), each org's users oldest head first, every org's first user before
 # any org's second (those steps run only then: PostgreSQL evaluates a CASE branch's
-# subquery only when it is taken).
+# subquery only when it is taken, and a one-time filter gates each branch of `offered`).
+# The cut takes whole ranks in org (every org's first user, then every second...) and
+# sorts only the rank it splits, with a LIMIT: one sort of the heads fewer than
+# numbering every head within its tier (on 100,000 one-job users, the read 987 -> 768 ms
+# at the median of ten interleaved runs).
 # Times come back as epoch floats: cheap to read, one clock. A job that never started and
 # is past its start deadline is not eligible: it is never placed, and the deadline sweep
 # (jobs.services.deadlines) cancels it; one that started before (preempted, retried) met it.
@@ -298,16 +302,20 @@ WITH eligible AS (
     END AS depth
     FROM window_depth w
 ), heads AS (
-    -- each user's oldest job, ranked within its org (read only when users are cut)
+    -- each user's oldest job (read only when users are cut)
     SELECT id, tier, org_id, user_id, submitted FROM ranked WHERE position = 1
-), tier_ranked AS (
-    SELECT id, row_number() OVER (PARTITION BY tier
-                                  ORDER BY in_org, submitted, org_id, user_id) AS in_tier
-    FROM (SELECT *, row_number() OVER (PARTITION BY tier, org_id
-                                       ORDER BY submitted, user_id) AS in_org
-          FROM heads) h
+), in_org AS MATERIALIZED (
+    -- and its rank within its org, oldest head first
+    SELECT id, tier, submitted, org_id, user_id,
+           row_number() OVER (PARTITION BY tier, org_id ORDER BY submitted, user_id) AS in_org
+    FROM heads
+), org_levels AS MATERIALIZED (
+    -- per tier and rank in org: the users at that rank, and those at every rank before it
+    SELECT tier, in_org, count(*) AS users,
+           sum(count(*)) OVER (PARTITION BY tier ORDER BY in_org) - count(*) AS before
+    FROM in_org GROUP BY tier, in_org
 ), tier_users AS MATERIALIZED (  -- a row per tier
-    SELECT tier, count(*) AS users FROM heads GROUP BY tier
+    SELECT tier, sum(users)::bigint AS users FROM org_levels GROUP BY tier
 ), users_per_tier AS MATERIALIZED (
     -- NULL: every user is listed (the users are the listed jobs at depth 1). Else the
     -- most users per tier, k, with sum(least(users, k)) within max_jobs: k is a tier's
@@ -326,11 +334,22 @@ WITH eligible AS (
           AND (SELECT sum(least(users, k)) FROM tier_users) <= %(max_jobs)s
     ) END AS cutoff
 ), offered AS (
-    SELECT r.id FROM users_per_tier u, capped_depth d, ranked r
-    WHERE u.cutoff IS NULL AND r.position <= d.depth
+    -- each branch gated by a one-time filter on the cut, so that the other's CTEs never run
+    SELECT r.id FROM capped_depth d, ranked r
+    WHERE (SELECT cutoff IS NULL FROM users_per_tier) AND r.position <= d.depth
     UNION ALL
-    SELECT t.id FROM users_per_tier u, tier_ranked t
-    WHERE u.cutoff IS NOT NULL AND t.in_tier <= u.cutoff
+    -- the ranks in org that fit whole
+    SELECT h.id FROM org_levels l JOIN in_org h ON h.tier = l.tier AND h.in_org = l.in_org
+    WHERE (SELECT cutoff IS NOT NULL FROM users_per_tier)
+      AND l.before + l.users <= (SELECT cutoff FROM users_per_tier)
+    UNION ALL
+    -- of the rank that fits in part, its oldest heads
+    SELECT x.id FROM users_per_tier u, org_levels l,
+           LATERAL (SELECT h.id FROM in_org h WHERE h.tier = l.tier AND h.in_org = l.in_org
+                    ORDER BY h.submitted, h.org_id, h.user_id
+                    LIMIT u.cutoff - l.before) x
+    WHERE (SELECT cutoff IS NOT NULL FROM users_per_tier)
+      AND l.before < u.cutoff AND l.before + l.users > u.cutoff
     UNION
     SELECT job_id FROM {claim}
 )
