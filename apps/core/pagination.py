@@ -1,8 +1,10 @@
 """Cursor pagination answering {"results": [...], "next": cursor or null}."""
 
 from base64 import b64encode
+from datetime import UTC, datetime
 from urllib import parse
 
+from django.core import exceptions as django_exceptions
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
@@ -42,11 +44,36 @@ class OpaqueCursorPagination(CursorPagination):
             )
         return size
 
+    def paginate_queryset(self, queryset, request, view=None):
+        self._model = queryset.model  # for decode_cursor, which DRF gives no queryset
+        return super().paginate_queryset(queryset, request, view)
+
     def decode_cursor(self, request):
+        """The cursor of ?cursor=, or a 400 naming `cursor` for anything `encode_cursor`
+        could not have made: undecodable, or a position that is no value of the first
+        ordering field (a tampered token must not reach PostgreSQL as a bad literal)."""
         try:
-            return super().decode_cursor(request)
+            cursor = super().decode_cursor(request)
+            if cursor is not None and cursor.position is not None:
+                self._check_position(cursor.position)
         except Exception as exc:  # DRF raises NotFound; a bad cursor is bad input
             raise ValidationError({"cursor": ["Invalid cursor."]}) from exc
+        return cursor
+
+    def _check_position(self, position: str) -> None:
+        """Raise unless `position` is a value the first ordering field can hold."""
+        if "\x00" in position:
+            raise ValueError("a NUL in the position")
+        model = getattr(self, "_model", None)
+        if model is None:
+            return
+        field = model._meta.get_field(self.ordering[0].lstrip("-"))
+        try:
+            value = field.get_prep_value(field.to_python(position))
+        except django_exceptions.ValidationError as exc:
+            raise ValueError(position) from exc
+        if isinstance(value, datetime) and value.tzinfo is not None:
+            value.astimezone(UTC)  # OverflowError past year 9999 in UTC
 
     def get_paginated_response(self, data):
         return Response({"results": data, "next": self.get_next_link()})

@@ -9,7 +9,9 @@ A new endpoint belongs in these tables: the checks are the same for all of them.
 
 from __future__ import annotations
 
+import base64
 import json
+from urllib.parse import urlencode
 
 import pytest
 
@@ -158,3 +160,42 @@ def test_every_list_walks_its_cursor_to_the_end_seeing_each_item_once(
     assert pages >= len(everything)
     assert len(walked) == len(set(walked)), f"{path}: an item came twice"
     assert sorted(walked) == sorted(everything), path
+
+
+# Tokens a client could forge: base64 of what `encode_cursor` never makes. A position
+# that is no value of the list's first ordering field (a time, or for the fleet's nodes
+# a name) must not reach PostgreSQL as a literal it refuses.
+FORGED_CURSORS = [
+    ("p=a\x00b", "any"),
+    ("o=-5&p=x", "any"),
+    ("p=notadate", "time"),
+    ("p=2026-13-45", "time"),
+    ("p=2026-12-03 07:21:53.335947 00:00", "time"),  # a "+" read back as a space
+    ("p=" + "9" * 400, "time"),
+    ("p=9999-12-31T23:59:59-14:00", "time"),  # past year 9999 in UTC
+]
+
+
+@pytest.mark.parametrize(
+    ("who", "path", "forged"),
+    [
+        (who, path, forged)
+        for who, path, _ in LISTS
+        for forged, ordered_by in FORGED_CURSORS
+        # the fleet's nodes are listed by name: any text but a NUL is a position
+        if ordered_by == "any" or "fleet" not in path
+    ],
+)
+def test_a_forged_cursor_is_a_400_naming_cursor_on_every_list(
+    org, tenant, operator, who, path, forged
+):
+    job = _world(org)
+    client = tenant if who == "tenant" else operator
+    path = path.format(org=org.id, job=job.id)
+    token = base64.b64encode(forged.encode()).decode()
+    separator = "&" if "?" in path else "?"
+    response = client.get(f"{path}{separator}{urlencode({'cursor': token})}")
+    assert response.status_code == 400, (path, forged, response.content)
+    assert response.json()["error"]["field"] == "cursor"
+    # The list itself still answers.
+    assert client.get(path).status_code == 200
