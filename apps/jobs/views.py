@@ -449,8 +449,12 @@ def _stream_principal_and_job(request, job_id):
     return None, job
 
 
-def _problem(code: str, message: str, status_code: int) -> JsonResponse:
-    return JsonResponse(problem(code, message, status_code=status_code), status=status_code)
+def _problem(
+    code: str, message: str, status_code: int, *, field: str | None = None
+) -> JsonResponse:
+    return JsonResponse(
+        problem(code, message, status_code=status_code, field=field), status=status_code
+    )
 
 
 def _method_not_allowed(request) -> JsonResponse:
@@ -585,7 +589,9 @@ async def job_logs(request, job_id):
         return refusal
     wanted = request.GET.get("attempt")
     if wanted is not None and not (wanted.isdigit() and 0 < int(wanted) < 2**31):
-        return _problem("invalid", "attempt: must be a positive attempt number.", 400)
+        return _problem(
+            "invalid", "attempt: must be a positive attempt number.", 400, field="attempt"
+        )
     attempt = await run_sync(selectors.attempt_of)(job, int(wanted) if wanted else None)
     if attempt is None:
         message = "The job has not started an attempt yet." if not wanted else "No such attempt."

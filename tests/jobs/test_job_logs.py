@@ -100,7 +100,9 @@ def test_a_crashed_attempts_log_holds_its_traceback_and_another_org_gets_404(api
 
     assert request(api, f"/v1/jobs/{job_id}/logs", org_key(OrgFactory())).status == 404
     assert request(api, f"/v1/jobs/{job_id}/logs?attempt=99", key).status == 404
-    assert request(api, f"/v1/jobs/{job_id}/logs?attempt=x", key).status == 400
+    refused = request(api, f"/v1/jobs/{job_id}/logs?attempt=x", key)
+    assert refused.status == 400
+    assert json.loads(refused.read())["error"]["field"] == "attempt"
 
 
 @pytest.mark.e2e
