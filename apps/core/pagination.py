@@ -17,6 +17,7 @@ class OpaqueCursorPagination(CursorPagination):
     page_size_query_param = "limit"
     max_page_size = 500
     ordering = ("-created_at", "-id")
+    _model = None  # the paginated queryset's model, for decode_cursor (DRF passes no queryset)
 
     def encode_cursor(self, cursor):
         tokens = {}
@@ -45,7 +46,7 @@ class OpaqueCursorPagination(CursorPagination):
         return size
 
     def paginate_queryset(self, queryset, request, view=None):
-        self._model = queryset.model  # for decode_cursor, which DRF gives no queryset
+        self._model = queryset.model
         return super().paginate_queryset(queryset, request, view)
 
     def decode_cursor(self, request):
@@ -64,10 +65,9 @@ class OpaqueCursorPagination(CursorPagination):
         """Raise unless `position` is a value the first ordering field can hold."""
         if "\x00" in position:
             raise ValueError("a NUL in the position")
-        model = getattr(self, "_model", None)
-        if model is None:
+        if self._model is None:  # decoded outside paginate_queryset: nothing to check
             return
-        field = model._meta.get_field(self.ordering[0].lstrip("-"))
+        field = self._model._meta.get_field(self.ordering[0].lstrip("-"))
         try:
             value = field.get_prep_value(field.to_python(position))
         except django_exceptions.ValidationError as exc:
