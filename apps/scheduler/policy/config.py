@@ -83,7 +83,7 @@ class PolicyConfig:
     free's weight is a hundredth of a unit, so while paid waits free holds its floor
     and no more. At 1 it took a tenth of what enterprise left (about 9 % of the fleet in
     a paid burst, nearly twice its floor): bursty, 16 GPUs at 2x, seeds 1-12, paid p95
-    lower in all 12 (-1 to -50 %), free's waits at 1x about the same (docs/simulator.md,
+    lower in all 12 (-1 to -50 %), free's waits at 1x about the same (docs/scheduler-experiments.md,
     "Free keeps its floor, not a tenth of what enterprise leaves")."""
     tier_floors: Mapping[str, float] = field(
         default_factory=_tier_map(enterprise=0.20, paid=0.10, free=0.05)
@@ -97,11 +97,11 @@ class PolicyConfig:
     is never served first for having had little before. Judged on GPUs held alone, free
     took the next freed GPU in every paid burst: bursty, 16 GPUs at 1x, seeds 1-20, paid
     p95 median 127 -> 103.5 s (strict priority 89.5 s), lower or equal in all 20,
-    enterprise p95 at most 22 -> 11 s (docs/simulator.md, "Floors over time").
+    enterprise p95 at most 22 -> 11 s (docs/scheduler-experiments.md, "Floors over time").
     Preemption never takes a tier below its floor in whole GPUs held; the fraction
     beyond (free's 0.8 GPU of 16) is not served first while a higher tier's job has
     waited past its preemption threshold, as it would be that job's next victim
-    (docs/simulator.md, "A floor's fraction yields to a job that would preempt it")."""
+    (docs/scheduler-experiments.md, "A floor's fraction yields to a job that would preempt it")."""
     tier_ceilings: Mapping[str, float] = field(
         default_factory=_tier_map(enterprise=1.0, paid=1.0, free=0.8)
     )
@@ -143,9 +143,10 @@ class PolicyConfig:
     (strict priority 89.5 s), lower in 18 seeds; steady's free orgs keep a Jain index of
     0.91. Paid's hour (2026-12-01): at 2x paid's queue holds its share for about 25
     minutes, so with 900 s its heavy tenants' jobs, most of its jobs, waited behind the
-    light ones; bursty, 16 GPUs at 2x, seeds 1-8, paid p95 fell by 23-43 % (docs/
-    simulator.md, "Paid served in submission order for an hour of backlog"). Enterprise
-    and free keep 900 s: the flood is enterprise's, and free's orgs keep their Jain."""
+    light ones; bursty, 16 GPUs at 2x, seeds 1-8, paid p95 fell by 23-43 %
+    (docs/scheduler-experiments.md, "Paid served in submission order for an hour of
+    backlog"). Enterprise and free keep 900 s: the flood is enterprise's, and free's
+    orgs keep their Jain."""
     reservation_aging_shares_per_hour: float = 12.0
     """Aging in the order reservations are granted within a tier, by each job's own
     wait: a multi-GPU job cannot start without a reservation on a busy fleet, so old
@@ -163,7 +164,7 @@ class PolicyConfig:
     0.35-1.35 % at 1x (seeds 1-20) and from 1.67-3.46 % to 1.59-2.47 % at 2x (seeds
     1-8; under 2 % in 5 of 8, 1 before), the jobs that could start at once by
     preempting still starting within 10 s at p95 in every run; 5 s took them to 11 s
-    (docs/simulator.md, "Enterprise waits 4.5 s before it preempts"). 2 s -> 3 s
+    (docs/scheduler-experiments.md, "Enterprise waits 4.5 s before it preempts"). 2 s -> 3 s
     earlier: 2.3 -> 1.6 % at 1x (means)."""
     preemption_hold_back_s: Mapping[str, float | None] = field(
         default_factory=_tier_map(enterprise=3.0, paid=60.0, free=None)
@@ -179,7 +180,7 @@ class PolicyConfig:
     less than its victims' grace, for at most 3 s (`preemption_hold_back_limit_s`):
     bursty, 16 GPUs at 1x, seeds 1-20, against never, work lost mean 1.13 -> 0.98 %
     (range 0.80-2.16 -> 0.65-1.56 %), enterprise p95 8-11 -> 8-10 s; steady's work lost
-    3.22 -> 2.80 % (docs/simulator.md, "Floors over time"). Paid, once past its minute,
+    3.22 -> 2.80 % (docs/scheduler-experiments.md, "Floors over time"). Paid, once past its minute,
     takes only GPUs that would stay busy for another minute: a victim about to end loses
     its work for a start that would have come anyway, and on short-job workloads that
     loss is capacity paid itself waits for (bursty, 16 GPUs at 1x, seeds 1-20, against
@@ -203,7 +204,8 @@ class PolicyConfig:
     GPU-second they would lose since their last checkpoint, at most
     `victim_loss_patience_max_s` past its threshold. A victim a few seconds in costs
     nothing here; two 2-GPU jobs minutes into runs without checkpoints made most of a
-    run's work lost (docs/simulator.md, "A victim's loss buys the claimant patience")."""
+    run's work lost (docs/scheduler-experiments.md, "A victim's loss buys the claimant
+    patience")."""
     victim_loss_patience_max_s: float = 30.0
     """The most a victim set's loss makes a job wait past its threshold."""
     runtime_ratio_min_samples: int = 10
@@ -211,7 +213,7 @@ class PolicyConfig:
     with fewer, its running jobs are expected to run their whole max runtime (ratio 1).
     On `make up`, ten GPUs held by free jobs, the ratio of one short enterprise job made
     free jobs look about to end, and held the next enterprise jobs back to the limit
-    (9.5 and 9.7 s to start; docs/simulator.md, "Runtime ratios per tier, from ten
+    (9.5 and 9.7 s to start; docs/scheduler-experiments.md, "Runtime ratios per tier, from ten
     finishes")."""
     max_preemptions_per_job: int = 2
     """A job preempted this many times is no longer a victim."""
@@ -247,7 +249,7 @@ class PolicyConfig:
     (a reservation); 0 = at once. Where jobs are short, GPUs free up side by side within
     seconds and the job may start without a drain, while one begun at once keeps the
     first GPU it frees idle until the others follow; the job's wait stays bounded (this
-    much longer at most). Off by default: measured at 20 s (docs/simulator.md, "Drains
+    much longer at most). Off by default: measured at 20 s (docs/scheduler-experiments.md, "Drains
     after a short wait"), bursty on 16 GPUs at 1x gains (seeds 1-20: utilisation while
     work is queued at least 98.8 -> 99.1 %, enterprise p95 8-11 -> 8-10 s, work lost
     mean 1.06 -> 1.01 %), but long jobs lose by it (steady: work lost 2.42 -> 3.18 %,

@@ -37,7 +37,9 @@ def stretch_by_tier(held_above: Mapping[str, float], capacity: int) -> dict[str,
     but work of a higher tier that is yet to arrive takes its share of them first.
     Queueing theory's 1 / (1 − ρ) overshot on bursty load (a free job's estimate 2,089 s
     late at the median, against 325 s early without it), where the tiers above hold most
-    of the fleet in bursts and little between them; 1 + ρ cut the error (docs/simulator.md).
+    of the fleet in bursts and little between them; 1 + ρ cut the error
+    (docs/scheduler-experiments.md, "Start estimates that expect preemption and later
+    arrivals").
     """
     if capacity <= 0:
         return {}

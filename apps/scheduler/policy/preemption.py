@@ -32,7 +32,7 @@ Victims (this module) are chosen on one node, in one pool of an allowed GPU type
   just checkpointed, loses less than a free one that has run for a minute without a
   checkpoint, and every GPU-second lost is capacity the waiting tiers no longer get
   (bursty, 16 GPUs at 1x, seeds 1-20: work lost 2.27 % of GPU time on average with tier
-  first, 1.58 % with this order and enterprise's 3 s threshold; docs/simulator.md,
+  first, 1.58 % with this order and enterprise's 3 s threshold; docs/scheduler-experiments.md,
   "Victims by least work lost").
 """
 
@@ -62,7 +62,7 @@ def overrides_drain(reservation: Reservation, job_rank: int) -> bool:
     for a job of a strictly lower tier. A paid or free gang job's drain must not keep an
     enterprise job from its prompt start: on the gang-heavy trace at 2x, the enterprise
     jobs startable at once waited 49 s at p95 behind such drains, 13 s once they gave
-    way (docs/simulator.md, "A lower tier's drain gives way")."""
+    way (docs/scheduler-experiments.md, "A lower tier's drain gives way")."""
     return not reservation.claim and reservation.rank < job_rank
 
 
