@@ -13,6 +13,7 @@ import re
 import uuid
 
 import django.db
+import psycopg
 import redis.exceptions
 from django.conf import settings
 from django.http import JsonResponse
@@ -55,6 +56,10 @@ UNAVAILABLE_RETRY_AFTER_S = 5
 UNAVAILABLE = (
     django.db.OperationalError,
     django.db.InterfaceError,
+    # The hot paths send statements on psycopg directly (apps.core.sql, the ledger's
+    # pipelines), past Django's error wrapper: a lost server arrives as psycopg's own.
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
 )
@@ -110,6 +115,11 @@ class RequestGuardMiddleware:
     def process_exception(self, request, exception):
         if not isinstance(exception, UNAVAILABLE):
             return None
+        if isinstance(exception, psycopg.Error):
+            # Django did not see it fail: have the request's end check each connection
+            # and replace a dead one, as it does after its own errors.
+            for db in django.db.connections.all(initialized_only=True):
+                db.errors_occurred = True
         logger.warning(
             "backing service unavailable",
             extra={"path": request.path, "error": type(exception).__name__},
