@@ -9,11 +9,14 @@ import logging
 import os
 import signal
 import time
+import uuid
 
 import psycopg
 import valkey
 
+from config.celery import app as celery_app
 from tests.ops.live_stack import stack_py
+from tests.worker_harness import CELERY, Process, worker_env
 
 
 def _until(condition, timeout: float = 15.0) -> None:
@@ -46,3 +49,46 @@ def test_a_killed_embedded_postgresql_is_started_again_with_its_data(tmp_path):
         assert "embedded PostgreSQL had stopped answering" in server.revive()
         with psycopg.connect(server.url) as conn:  # the same URL
             assert conn.execute("SELECT n FROM kept").fetchone() == (42,)
+
+
+def test_a_celery_worker_outlives_its_broker_restarting(tmp_path, django_db_setup):
+    """A broker restart is a pause for a worker, not its end: its running generators
+    (children of the worker) keep their progress only if the worker lives.
+
+    Before: with Celery 5.7.0 every worker died of "Unrecoverable error:
+    AttributeError("'NoneType' object has no attribute 'hostname'")" when Valkey was
+    killed under `make up` (the consumer closed a connection it had just collected, and
+    kombu's Redis channel, restoring unacked messages on close, found no client), and
+    the supervisor's restart ended the attempts it was running.
+    """
+    with stack_py.embedded_redis(purpose="test") as server:
+        env = worker_env(tmp_path / "media", tmp_path / "scratch", {"REDIS_URL": server.url})
+        worker = Process(
+            name="worker",
+            argv=stack_py.gpu_pool_worker(CELERY, "broker", 1, hostname="broker@test"),
+            env=env,
+            log_path=tmp_path / "worker.log",
+        )
+        worker.start().wait_for_line("broker@test ready.")
+        try:
+            # A message the worker holds unacknowledged while the broker goes (an attempt
+            # it runs, here one due in ten minutes): the restore on reconnect is the path.
+            with celery_app.connection_for_write(server.url) as connection:
+                celery_app.send_task(
+                    "gantry.jobs.run_attempt",
+                    args=[str(uuid.uuid4()), 1],
+                    queue="node.broker",
+                    countdown=600,
+                    connection=connection,
+                )
+            worker.wait_for_line("gantry.jobs.run_attempt[")
+            os.kill(server.pid(), signal.SIGKILL)
+            _until(lambda: not server.answers())
+            time.sleep(2)  # the worker notices while the broker is away
+            assert "embedded Valkey had stopped answering" in server.revive()
+            _until(lambda: worker.log().count("Connected to redis") >= 2, timeout=30)
+            time.sleep(1)
+            assert worker.alive, worker.log()[-3000:]
+            assert "Unrecoverable error" not in worker.log()
+        finally:
+            worker.stop()
