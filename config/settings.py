@@ -164,7 +164,10 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# A broker outage must not end runs: a run's fate is its DB lease, and a GPU pool's
+# threads cannot be cancelled (Celery dies trying: "does not implement kill_job"). The
+# run message, unacked, comes back and is refused by the attempt's fencing token.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The DB lease decides whether a job runs; a redelivery after this is harmless.
 CELERY_BROKER_TRANSPORT_OPTIONS = {

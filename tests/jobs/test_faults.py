@@ -244,6 +244,30 @@ def test_flushing_redis_mid_run_loses_neither_the_job_nor_a_credit(beat, workers
     assert_ledger_exact(job)
 
 
+def test_the_brokers_connections_dropped_mid_run_leave_the_run_running(beat, workers):
+    """A broker restart or failover drops every client's connection. Before: the GPU
+    worker then tried to cancel its running tasks (the threads pool cannot: "does not
+    implement kill_job"), died of it, and its restart ended the run; with Celery 5.7.0 it
+    died of an AttributeError instead. The run's fate is its lease, not the broker."""
+    org = funded_org()
+    job = submit_job(org, prompt="a fox in the wind", steps=40, step_seconds=0.1)
+    beat.until(lambda: Job.objects.get(pk=job.pk).progress >= 0.2, timeout=30)
+    attempt = Attempt.objects.get(job=job)
+    worker = next(w for w in workers.workers if w.node == attempt.node.name and w.alive)
+
+    dropped = redis.Redis.from_url(settings.REDIS_URL).client_kill_filter(
+        _type="normal", skipme=True
+    )
+    assert dropped >= 1
+    beat.until(lambda: finished(job), timeout=30)
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, worker.log()[-3000:]
+    assert job.attempts.count() == 1
+    assert worker.alive and "Unrecoverable error" not in worker.log(), worker.log()[-3000:]
+    assert_ledger_exact(job)
+
+
 def test_a_run_message_lost_in_a_redis_flush_is_sent_again(beat, workers):
     org = funded_org()
     job = submit_job(org, prompt="a late fox", steps=4, step_seconds=0.05, gpu_types=("L4",))
