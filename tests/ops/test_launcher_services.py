@@ -11,6 +11,7 @@ import signal
 import time
 import uuid
 
+import psutil
 import psycopg
 import valkey
 
@@ -33,6 +34,23 @@ def test_a_killed_embedded_valkey_is_started_again_on_its_url():
         _until(lambda: not server.answers())
         assert "embedded Valkey had stopped answering" in server.revive()
         assert valkey.Valkey.from_url(server.url).ping()
+
+
+def test_a_valkey_left_running_by_a_killed_launcher_is_stopped_before_another_starts(tmp_path):
+    """Before: a launcher killed with SIGKILL left its Valkey running, and the next
+    `make up` started a second one on the same data folder (both writing its append-only
+    files), the first unreachable by anyone for as long as the machine ran."""
+    with stack_py.embedded_redis(purpose="test", data_dir=tmp_path) as first:
+        valkey.Valkey.from_url(first.url).set("queued", "a run message")
+        left_running = first.pid()
+        # The launcher dies here: nothing stops `first` (its stop() is not run).
+        second = stack_py.embedded_redis(purpose="test", data_dir=tmp_path)
+        with second as server:
+            assert not psutil.pid_exists(left_running) or (
+                psutil.Process(left_running).status() == psutil.STATUS_ZOMBIE
+            )
+            assert server.pid() != left_running
+            assert valkey.Valkey.from_url(server.url).get("queued") == b"a run message"
 
 
 def test_a_killed_embedded_postgresql_is_started_again_with_its_data(tmp_path):
