@@ -81,6 +81,7 @@ def embedded_postgres(*, purpose: str, pgdata: Path | None = None) -> Iterator[E
 
     DATA.mkdir(exist_ok=True)
     pgdata = pgdata or DATA / ("postgres" if purpose == "platform" else "postgres-test")
+    forget_dead_holders(pgdata)
     wanted = dict(POSTGRES_SETTINGS, **(POSTGRES_TEST_SETTINGS if purpose == "test" else {}))
     server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
     if server.psql("SHOW max_connections;").split()[2] != wanted["max_connections"]:
@@ -116,6 +117,23 @@ def embedded_postgres(*, purpose: str, pgdata: Path | None = None) -> Iterator[E
         )
     finally:
         server.cleanup()
+
+
+def forget_dead_holders(pgdata: Path) -> None:
+    """embedded-postgres stops its server when the last process holding it exits, and
+    counts the holders' pids in pgdata/.handle_pids.json. A launcher killed outright
+    never takes its pid out, so the server outlived every later launcher (Ctrl-C left
+    it running). The pids of processes gone are taken out before a launcher holds it."""
+    import psutil
+
+    holders = pgdata / ".handle_pids.json"
+    try:
+        pids = json.loads(holders.read_text())
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if psutil.pid_exists(pid)]
+    if alive != pids:
+        holders.write_text(json.dumps(alive))
 
 
 def postmaster_runs(pgdata: Path) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -17,7 +19,7 @@ import valkey
 
 from config.celery import app as celery_app
 from tests.ops.live_stack import stack_py
-from tests.worker_harness import CELERY, Process, worker_env
+from tests.worker_harness import CELERY, ROOT, Process, worker_env
 
 
 def _until(condition, timeout: float = 15.0) -> None:
@@ -110,3 +112,30 @@ def test_a_celery_worker_outlives_its_broker_restarting(tmp_path, django_db_setu
             assert "Unrecoverable error" not in worker.log()
         finally:
             worker.stop()
+
+
+HOLD_AND_DIE = """
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("stack", sys.argv[1])
+stack = sys.modules["stack"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(stack)
+with stack.embedded_postgres(purpose="test", pgdata=stack.Path(sys.argv[2])):
+    os.kill(os.getpid(), signal.SIGKILL)  # a launcher killed outright: nothing cleans up
+"""
+
+
+def test_a_postgresql_left_by_a_killed_launcher_stops_with_the_next_launcher(tmp_path):
+    """Before: the next launcher used it, and left it running at Ctrl-C (its holders'
+    list still named the dead launcher), for as long as the machine ran."""
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    pgdata = tmp_path / "pg"
+    subprocess.run(
+        [sys.executable, "-c", HOLD_AND_DIE, str(ROOT / "scripts" / "stack.py"), str(pgdata)],
+        cwd=ROOT,
+        timeout=120,
+    )
+    left_running = stack_py.pid_in(pgdata / "postmaster.pid")
+    assert left_running and psutil.pid_exists(left_running)
+    with stack_py.embedded_postgres(purpose="test", pgdata=pgdata) as server:
+        assert server.pid() == left_running  # the next launcher uses it
+    _until(lambda: not stack_py.postmaster_runs(pgdata), timeout=30)
