@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import json
 
-import psycopg
 import pytest
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from apps.jobs.models import Job
 from apps.ledger.models import Hold, HoldState
@@ -34,17 +33,16 @@ def submit(client, key: str):
 
 
 def terminate_this_connections_backend() -> None:
+    """From a second connection made from the same settings (TCP or the embedded
+    server's Unix socket), as a PostgreSQL restart or a failover would."""
     pid = connection.connection.info.backend_pid
-    settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"] or None,
-        port=settings["PORT"] or None,
-        user=settings["USER"],
-        password=settings["PASSWORD"] or None,
-        dbname=settings["NAME"],
-        autocommit=True,
-    ) as other:
-        assert other.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+    other = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            assert cursor.fetchone()[0]
+    finally:
+        other.close()
 
 
 def test_a_backend_terminated_before_a_submission_is_a_503_and_the_retry_is_served():
