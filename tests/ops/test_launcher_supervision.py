@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 
+import psutil
 import pytest
 
 from tests.ops.launched import PYTHON, call, supervised_once_running, supervised_pids
@@ -90,16 +91,14 @@ def test_a_killed_gpu_worker_and_beat_come_back_and_every_job_settles_exactly(pl
 
 
 def children_of(pid: int) -> set[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return {int(child) for child in found.split()}
+    return {child.pid for child in psutil.Process(pid).children()}
 
 
 def alive(pid: int) -> bool:
     """Running, not a zombie waiting to be reaped by whatever adopted it."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
