@@ -19,6 +19,9 @@ ALLOWED_HOSTS = env.list("GANTRY_ALLOWED_HOSTS", default=["127.0.0.1", "localhos
 PUBLIC_URL = env.str("GANTRY_PUBLIC_URL", default="http://127.0.0.1:8000")
 
 INSTALLED_APPS = [
+    # First, so that its admin/base_site.html (the admin's shared style) is found before
+    # the admin's own, which it extends.
+    "apps.core",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -29,7 +32,6 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from here, pinned, offline
-    "apps.core",
     "apps.accounts",
     "apps.fleet",
     "apps.ledger",

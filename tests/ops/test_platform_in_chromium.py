@@ -1,7 +1,8 @@
 """The operator's pages as `make up` serves them, in headless Chromium (not live_server,
 which serves static files itself and so hid that nothing else did): the admin login and
-the org, job and fleet pages load their CSS (200), and `/v1/docs/` renders its
-operations with every request staying on this machine. Screenshots: artifacts/.
+the org, job and fleet pages load their CSS (200), a job's id is one line of the job
+list, and `/v1/docs/` renders its operations with every request staying on this machine.
+Screenshots: artifacts/.
 
 Needs Debian's `chromium` and `chromium-driver`; without them the test skips and says
 which to install (.ci/run installs them where it can).
@@ -20,7 +21,7 @@ from selenium.webdriver.support import expected_conditions as ready
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.ops.chromium import MISSING, SKIP_REASON, headless_chromium
-from tests.ops.launched import call
+from tests.ops.launched import call, funded_tenant_key
 from tests.worker_harness import ROOT
 
 ARTIFACTS = ROOT / "artifacts"
@@ -73,6 +74,8 @@ def test_the_admin_and_the_api_docs_are_styled_and_stay_on_this_machine(platform
     assert made.returncode == 0, made.stderr
     body = {"name": "acme-ui", "tier": "paid"}
     assert call(f"{platform.api}/v1/orgs", key=platform.operator_key, body=body)[0] == 201
+    job = {"project": "video", "params": {"prompt": "a row"}, "max_runtime_s": 60}
+    assert call(f"{platform.api}/v1/jobs", key=funded_tenant_key(platform), body=job)[0] == 202
     host = urlsplit(platform.api).hostname
     wait = WebDriverWait(chromium, 30)
 
@@ -94,6 +97,12 @@ def test_the_admin_and_the_api_docs_are_styled_and_stay_on_this_machine(platform
         if name == "admin-fleet":  # every node's worker pool says it is alive
             assert "worker h100-1@" in chromium.page_source, "no pulse from h100-1's worker"
             assert "no worker seen" not in chromium.page_source
+        if name == "admin-jobs":  # a job's id (a UUID operators copy whole) on one line
+            lines = chromium.execute_script(
+                "return document.querySelector('#result_list th.field-id a')"
+                ".getClientRects().length"
+            )
+            assert lines == 1, f"the job's id wraps over {lines} lines"
         shoot(chromium, name)
         seen += requests_made(chromium)
     if "acme-ui" not in chromium.page_source:
