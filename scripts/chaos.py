@@ -12,6 +12,11 @@ Idempotency-Key, no two attempts of a job ran at once, one succeeded attempt per
 succeeded job, no hold left open, and `manage.py reconcile_ledger` finds nothing.
 Exit status 0 when every check holds.
 
+With `--no-kills` it is a soak: the same tenants and checks, nothing killed, and (with
+any run) `--memory-every S` samples each process's resident memory (a program with its
+children: gunicorn's master and workers), Valkey's `used_memory` and the database's
+size, and prints the first and last samples with the growth per hour between them.
+
 Found this way (2026-12-03): uvicorn workers that outlived a killed API master, a 500
 when PostgreSQL died mid-submission, and Celery 5.7.0 workers that died with a broker
 restart (docs/operations.md).
@@ -34,16 +39,17 @@ from pathlib import Path
 
 import psutil
 import psycopg
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import stack  # noqa: E402  (scripts/stack.py, beside this script)
+
 from gantry_client.api import ApiError, GantryAPI, TransportError  # noqa: E402
 
 DATA = ROOT / ".data"
-SUPERVISORCTL = [str(Path(sys.executable).parent / "supervisorctl")]
-SUPERVISOR_CONF = DATA / "supervisor" / "supervisord.conf"
 TIERS = ("free", "paid", "enterprise")
 TERMINAL = ("succeeded", "failed", "timed_out", "cancelled")
 SPARED = {"flower"}  # an operator's window, not the platform: killing it proves nothing
@@ -114,14 +120,7 @@ class Submitter:
 
 def kill_targets(env: dict) -> dict[str, int]:
     """Program name -> pid: supervisord's programs, and the embedded servers of .data."""
-    status = subprocess.run(
-        [*SUPERVISORCTL, "-c", str(SUPERVISOR_CONF), "status"], capture_output=True, text=True
-    ).stdout
-    targets = {}
-    for line in status.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[1] == "RUNNING" and parts[0] not in SPARED:
-            targets[parts[0]] = int(parts[3].rstrip(","))
+    targets = {name: pid for name, pid in stack.running_programs().items() if name not in SPARED}
     postmaster = DATA / "postgres" / "postmaster.pid"
     if str(DATA / "postgres") in env.get("DATABASE_URL", "") and postmaster.exists():
         targets["postgres"] = int(postmaster.read_text().split()[0])
@@ -131,6 +130,54 @@ def kill_targets(env: dict) -> dict[str, int]:
         if "valkey-server" in cmdline and f":{redis_port}" in cmdline:
             targets["valkey"] = process.pid
     return targets
+
+
+def memory_sample(env: dict) -> dict[str, float]:
+    """MiB by process (RSS, a program with its children), Valkey's used memory, the
+    database's size."""
+    sample = {}
+    for name, pid in kill_targets(env).items():
+        if name in ("postgres", "valkey"):
+            continue  # PostgreSQL's RSS counts the shared buffers each backend touched
+        try:
+            process = psutil.Process(pid)
+            rss = process.memory_info().rss + sum(
+                child.memory_info().rss for child in process.children(recursive=True)
+            )
+        except psutil.Error:
+            continue
+        sample[name] = rss / 2**20
+    try:
+        info = redis.Redis.from_url(env["REDIS_URL"]).info("memory")
+        sample["valkey used_memory"] = info["used_memory"] / 2**20
+    except redis.RedisError:
+        pass
+    try:
+        with psycopg.connect(env["DATABASE_URL"]) as conn:
+            size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        sample["database size"] = size / 2**20
+    except psycopg.Error:
+        pass
+    return sample
+
+
+def sample_memory(env: dict, *, every: float, stop: threading.Event, samples: list) -> None:
+    while not stop.wait(every):
+        samples.append((time.monotonic(), memory_sample(env)))
+
+
+def print_memory(samples: list) -> None:
+    """The first and last samples and the growth per hour between them."""
+    if len(samples) < 2:
+        return
+    (t0, first), (t1, last) = samples[0], samples[-1]
+    hours = (t1 - t0) / 3600
+    print(f"memory, MiB: {len(samples)} samples over {(t1 - t0) / 60:.1f} min")
+    print(f"  {'':<22} {'first':>9} {'last':>9} {'max':>9} {'per hour':>9}")
+    for name in sorted(set(first) & set(last)):
+        peak = max(sample.get(name, 0) for _t, sample in samples)
+        growth = (last[name] - first[name]) / hours
+        print(f"  {name:<22} {first[name]:>9.1f} {last[name]:>9.1f} {peak:>9.1f} {growth:>+9.1f}")
 
 
 def killer(env: dict, *, seed: int, stop: threading.Event, killed: list[str]) -> None:
@@ -192,10 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--api", default="http://127.0.0.1:8000")
     parser.add_argument("--operator-key", required=True)
-    parser.add_argument("--duration", type=float, default=240, help="seconds of kills")
+    parser.add_argument("--duration", type=float, default=240, help="seconds of submissions")
     parser.add_argument("--drain", type=float, default=900, help="seconds to wait for the jobs")
     parser.add_argument("--submitters", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--no-kills", dest="kills", action="store_false", help="a soak: nothing killed"
+    )
+    parser.add_argument(
+        "--memory-every", type=float, default=0, help="sample memory every S seconds (0: off)"
+    )
     args = parser.parse_args(argv)
     env = dict(os.environ)
     if "DATABASE_URL" not in env:
@@ -203,16 +256,28 @@ def main(argv: list[str] | None = None) -> int:
 
     run = f"{args.seed}-{uuid.uuid4().hex[:6]}"
     tenants = create_tenants(GantryAPI(args.api, args.operator_key), run=run)
-    stop, killed = threading.Event(), []
+    stop, killed, samples = threading.Event(), [], []
     submitters = [
         Submitter(tenants, seed=args.seed * 100 + i, stop=stop) for i in range(args.submitters)
     ]
     threads = [threading.Thread(target=s.run) for s in submitters]
-    threads.append(
-        threading.Thread(
-            target=killer, args=(env,), kwargs={"seed": args.seed, "stop": stop, "killed": killed}
+    if args.kills:
+        threads.append(
+            threading.Thread(
+                target=killer,
+                args=(env,),
+                kwargs={"seed": args.seed, "stop": stop, "killed": killed},
+            )
         )
-    )
+    if args.memory_every:
+        samples.append((time.monotonic(), memory_sample(env)))
+        threads.append(
+            threading.Thread(
+                target=sample_memory,
+                args=(env,),
+                kwargs={"every": args.memory_every, "stop": stop, "samples": samples},
+            )
+        )
     for thread in threads:
         thread.start()
     time.sleep(args.duration)
@@ -223,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     accepted = {k: v for s in submitters for k, v in s.accepted.items()}
     answers = sum((s.answers for s in submitters), Counter())
     print(f"killed: {dict(Counter(killed))}")
+    print_memory(samples)
     print(f"answers to submissions: {dict(answers)}; {len(accepted)} jobs accepted")
     ids = list(accepted.values())
     left = drain(env["DATABASE_URL"], ids, timeout=args.drain)

@@ -750,6 +750,24 @@ def supervisor_config(
     return "\n".join(lines) + "\n"
 
 
+def running_programs(config: Path | None = None) -> dict[str, int]:
+    """Program name -> pid of the platform's RUNNING processes, as supervisord reports
+    them (`supervisorctl status`); empty when no platform runs."""
+    config = config or SUPERVISOR_DIR / "supervisord.conf"
+    status = subprocess.run(
+        [str(BIN / "supervisorctl"), "-c", str(config), "status"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    pids = {}
+    for line in status.splitlines():  # "api  RUNNING  pid 123, uptime 0:01:02"
+        parts = line.split()
+        if len(parts) >= 4 and parts[1] == "RUNNING":
+            pids[parts[0]] = int(parts[3].rstrip(","))
+    return pids
+
+
 def supervise_more(table: dict[str, Process], env: dict[str, str], *, log_dir: Path | None) -> None:
     """Rewrite supervisord's configuration for the grown process table and have it start
     the processes that are new (`supervisorctl update`: the others keep running)."""

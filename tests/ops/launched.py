@@ -83,17 +83,7 @@ def funded_tenant_key(platform: Platform) -> str:
 
 def supervised_pids(conf: Path = SUPERVISOR_CONF) -> dict[str, int]:
     """Program name -> pid of the platform's running processes (supervisorctl status)."""
-    out = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "supervisorctl"), "-c", str(conf), "status"],
-        capture_output=True,
-        text=True,
-    ).stdout
-    pids = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[1] == "RUNNING":
-            pids[parts[0]] = int(parts[3].rstrip(","))
-    return pids
+    return stack_py.running_programs(conf)
 
 
 def supervised_once_running(names: set[str], *, timeout: float = 30.0) -> dict[str, int]:
