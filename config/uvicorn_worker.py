@@ -14,24 +14,13 @@ parent at its next heartbeat to the master.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import sys
 
 from uvicorn_worker import UvicornWorker
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def signal_on_parent_death(signum: int) -> bool:
-    """Ask the kernel to send `signum` to this process when its parent exits (Linux
-    only). True if it was arranged."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+from apps.core.process import signal_on_parent_death
 
 
 class GantryUvicornWorker(UvicornWorker):

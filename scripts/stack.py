@@ -29,6 +29,10 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from apps.core.process import signal_on_parent_death  # noqa: E402  (no Django in it)
+
 DATA = ROOT / ".data"
 BIN = Path(sys.executable).parent
 DATABASE_NAME = "gantry"
@@ -802,11 +806,9 @@ def supervise(table: dict[str, Process], env: dict[str, str], *, log_dir: Path |
 
 def _stop_with_launcher() -> None:
     """In supervisord: SIGTERM (a clean stop of every program) if the launcher dies,
-    even by SIGKILL, so no platform outlives it (Linux prctl; elsewhere nothing)."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    even by SIGKILL, so no platform outlives it (Linux; elsewhere nothing)."""
+    with contextlib.suppress(OSError):
+        signal_on_parent_death(signal.SIGTERM)
 
 
 def serve_new_nodes(

@@ -30,6 +30,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from apps.core.process import signal_on_parent_death
+
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = str(Path(sys.executable).parent / "celery")
 
@@ -117,10 +119,7 @@ def free_port() -> int:
 
 def die_with_parent() -> None:
     """In the child: get SIGTERM if pytest dies, so no orphan worker steals a later run's jobs."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    signal_on_parent_death(signal.SIGTERM)
 
 
 @dataclass
