@@ -166,18 +166,24 @@ def sample_memory(env: dict, *, every: float, stop: threading.Event, samples: li
         samples.append((time.monotonic(), memory_sample(env)))
 
 
-def print_memory(samples: list) -> None:
-    """The first and last samples and the growth per hour between them."""
+def print_memory(samples: list, *, columns: int = 7) -> None:
+    """Each series at `columns` evenly spaced samples (the first and the last among
+    them), its peak, and its growth per hour from the first sample to the last."""
     if len(samples) < 2:
         return
-    (t0, first), (t1, last) = samples[0], samples[-1]
-    hours = (t1 - t0) / 3600
+    t0, t1 = samples[0][0], samples[-1][0]
+    picked = [samples[round(i * (len(samples) - 1) / (columns - 1))] for i in range(columns)]
     print(f"memory, MiB: {len(samples)} samples over {(t1 - t0) / 60:.1f} min")
-    print(f"  {'':<22} {'first':>9} {'last':>9} {'max':>9} {'per hour':>9}")
-    for name in sorted(set(first) & set(last)):
+    print(
+        f"  {'minute':<22}"
+        + "".join(f"{(t - t0) / 60:>8.0f}" for t, _sample in picked)
+        + f"{'max':>8} {'per hour':>9}"
+    )
+    for name in sorted(set(samples[0][1]) & set(samples[-1][1])):
+        series = "".join(f"{sample.get(name, float('nan')):>8.1f}" for _t, sample in picked)
         peak = max(sample.get(name, 0) for _t, sample in samples)
-        growth = (last[name] - first[name]) / hours
-        print(f"  {name:<22} {first[name]:>9.1f} {last[name]:>9.1f} {peak:>9.1f} {growth:>+9.1f}")
+        growth = (samples[-1][1][name] - samples[0][1][name]) / ((t1 - t0) / 3600)
+        print(f"  {name:<22}{series}{peak:>8.1f} {growth:>+9.1f}")
 
 
 def killer(env: dict, *, seed: int, stop: threading.Event, killed: list[str]) -> None:
