@@ -176,7 +176,7 @@ def print_memory(samples: list, *, columns: int = 7) -> None:
     print(f"memory, MiB: {len(samples)} samples over {(t1 - t0) / 60:.1f} min")
     print(
         f"  {'minute':<22}"
-        + "".join(f"{(t - t0) / 60:>8.0f}" for t, _sample in picked)
+        + "".join(f"{(t - t0) / 60:>8.1f}" for t, _sample in picked)
         + f"{'max':>8} {'per hour':>9}"
     )
     for name in sorted(set(samples[0][1]) & set(samples[-1][1])):
