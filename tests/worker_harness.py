@@ -214,8 +214,11 @@ class Process:
             self.proc.wait(timeout=10)
 
 
-def celery_worker_argv(*, queue: str, hostname: str, pool: str, concurrency: int = 1) -> list:
-    """`celery worker` consuming one queue, with nothing that slows a test's start."""
+def celery_worker_argv(
+    *, queue: str, hostname: str, pool: str, concurrency: int = 1, heartbeat: bool = False
+) -> list:
+    """`celery worker` consuming one queue, with nothing that slows a test's start; with
+    `heartbeat`, it sends a worker-heartbeat event every 2 s (what Flower hears)."""
     return [
         CELERY,
         "-A",
@@ -233,7 +236,7 @@ def celery_worker_argv(*, queue: str, hostname: str, pool: str, concurrency: int
         hostname,
         "--without-gossip",
         "--without-mingle",
-        "--without-heartbeat",
+        *(() if heartbeat else ("--without-heartbeat",)),
         "--loglevel",
         "INFO",
     ]
@@ -246,6 +249,7 @@ class Worker(Process):
     node: str = ""
     slots: int = 1
     hostname: str = ""
+    heartbeat: bool = False
 
     def start(self, *, timeout: float = 60.0) -> Worker:
         return self.launch().wait_ready(timeout=timeout)
@@ -259,6 +263,7 @@ class Worker(Process):
             hostname=self.hostname,
             pool="threads",
             concurrency=self.slots,
+            heartbeat=self.heartbeat,
         )
         Process.start(self)
         return self
@@ -311,12 +316,25 @@ class WorkerPool:
         return self.launch(node, slots=slots, extra_env=extra_env).wait_ready()
 
     def launch(
-        self, node: str, *, slots: int = 2, extra_env: dict | None = None, hostname: str = ""
+        self,
+        node: str,
+        *,
+        slots: int = 2,
+        extra_env: dict | None = None,
+        hostname: str = "",
+        heartbeat: bool = False,
     ) -> Worker:
         env = worker_env(self.media_root, self.scratch_root, extra_env)
         log_path = self.tmp / f"worker-{node}-{len(self.workers)}.log"
         worker = Worker(
-            f"worker {node}", [], env, log_path, node=node, slots=slots, hostname=hostname
+            f"worker {node}",
+            [],
+            env,
+            log_path,
+            node=node,
+            slots=slots,
+            hostname=hostname,
+            heartbeat=heartbeat,
         )
         self.workers.append(worker)
         return worker.launch()

@@ -269,6 +269,7 @@ def stack(django_db_setup, tmp_path_factory):
             slots=2,
             # One process (threads): its own registry, as the launcher runs it.
             extra_env={"GANTRY_METRICS_PORT": str(node_port)},
+            heartbeat=True,  # so that Flower hears it, whenever its receiver joins
         )
         gpu_worker.wait_ready()
         wait_for(
@@ -298,6 +299,22 @@ def stack(django_db_setup, tmp_path_factory):
             )
         wait_for(
             lambda: http_ok(f"http://127.0.0.1:{node_port}/metrics"), what="node worker metrics"
+        )
+        # Flower's web server answers before its event receiver has joined the broker's
+        # fan-out, and events sent before that are never seen: wait until it has heard
+        # one of the GPU worker's heartbeats (fresh-ci once ran a job before that, and
+        # Flower never showed it).
+        wait_for(
+            lambda: (
+                value(
+                    scrape(f"http://127.0.0.1:{flower_port}/metrics"),
+                    "flower_worker_online",
+                    worker=gpu_worker.hostname,
+                )
+                == 1
+            ),
+            what="Flower hearing the GPU worker's events",
+            check=flower.check_alive,
         )
         yield Stack(
             api=api,
