@@ -375,6 +375,10 @@ class Process:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     metrics_port: int | None = None
     nodes: tuple[str, ...] = ()  # a GPU-pool worker: the nodes whose queues it consumes
+    # Stopped by signalling its whole process group (its children at once), or only
+    # itself (a parent that stops its children after they finish their work); a group
+    # still left at the stop timeout is killed whole either way.
+    stop_as_group: bool = True
 
 
 def metrics_env(name: str, *, port: int | None = None, processes: int = 2) -> dict[str, str]:
@@ -468,6 +472,9 @@ def platform_processes(
                 "GANTRY_TASK_LOG_LEVEL": "WARNING",
             },
             metrics_port_base,
+            # Its prefork children finish their tick or fold before it stops them (they
+            # were SIGTERMed mid-task with it: a WorkerLostError logged at every stop).
+            stop_as_group=False,
         ),
         "flower": Process(
             flower_process(port=flower_port, url_prefix=env.get("GANTRY_FLOWER_URL_PREFIX", ""))
@@ -744,7 +751,7 @@ def supervisor_config(
             f"startretries={RESTART_RETRIES}",
             "stopsignal=TERM",
             "stopwaitsecs=10",  # then SIGKILL; the launcher waits 15 s for supervisord
-            "stopasgroup=true",
+            f"stopasgroup={str(process.stop_as_group).lower()}",
             "killasgroup=true",
             "redirect_stderr=true",
             f"stdout_logfile={output}",
