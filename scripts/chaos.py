@@ -13,9 +13,9 @@ succeeded job, no hold left open, and `manage.py reconcile_ledger` finds nothing
 Exit status 0 when every check holds.
 
 With `--no-kills` it is a soak: the same tenants and checks, nothing killed, and (with
-any run) `--memory-every S` samples each process's resident memory (a program with its
-children: gunicorn's master and workers), Valkey's `used_memory` and the database's
-size, and prints the first and last samples with the growth per hour between them.
+any run) `--memory-every S` samples each program's resident memory (with its children:
+gunicorn's master and workers), Valkey's `used_memory` and the database's size, and
+prints each series at seven points over the run with its growth per hour.
 
 Found this way (2026-12-03): uvicorn workers that outlived a killed API master, a 500
 when PostgreSQL died mid-submission, and Celery 5.7.0 workers that died with a broker
@@ -135,10 +135,10 @@ def kill_targets(env: dict) -> dict[str, int]:
 def memory_sample(env: dict) -> dict[str, float]:
     """MiB by process (RSS, a program with its children), Valkey's used memory, the
     database's size."""
+    # supervisord's programs only: PostgreSQL's RSS counts the shared buffers each
+    # backend touched, so the database is measured by its size instead.
     sample = {}
-    for name, pid in kill_targets(env).items():
-        if name in ("postgres", "valkey"):
-            continue  # PostgreSQL's RSS counts the shared buffers each backend touched
+    for name, pid in stack.running_programs().items():
         try:
             process = psutil.Process(pid)
             rss = process.memory_info().rss + sum(

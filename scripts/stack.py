@@ -473,7 +473,7 @@ def platform_processes(
             },
             metrics_port_base,
             # Its prefork children finish their tick or fold before it stops them (they
-            # were SIGTERMed mid-task with it: a WorkerLostError logged at every stop).
+            # were SIGTERMed mid-task with it, and a stop could log a WorkerLostError).
             stop_as_group=False,
         ),
         "flower": Process(
