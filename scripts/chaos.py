@@ -172,6 +172,7 @@ def print_memory(samples: list, *, columns: int = 7) -> None:
     if len(samples) < 2:
         return
     t0, t1 = samples[0][0], samples[-1][0]
+    columns = min(columns, len(samples))
     picked = [samples[round(i * (len(samples) - 1) / (columns - 1))] for i in range(columns)]
     print(f"memory, MiB: {len(samples)} samples over {(t1 - t0) / 60:.1f} min")
     print(
