@@ -3,6 +3,7 @@
 import pytest
 from django.utils.dateparse import parse_datetime
 
+from apps.accounts.models import Tier
 from apps.core.redis import redis_client
 from apps.jobs import queue_state
 from apps.jobs.models import JobStatus
@@ -61,3 +62,28 @@ def test_a_job_no_tick_has_looked_at_says_so_and_a_running_one_has_no_queue():
     waiting.refresh_from_db()
     assert waiting.status == JobStatus.SCHEDULED
     assert tenant.get(f"/v1/jobs/{waiting.id}").json()["queue"] is None
+
+
+def test_a_free_job_that_cannot_be_preempted_on_one_gpu_reads_that_it_cannot_start_here():
+    NodeFactory(gpus=1)
+    org = OrgFactory(tier=Tier.FREE)
+    pinned = JobFactory(org=org, preemptible=False)
+
+    tenant = client_with(org_key(org))
+    for _ in range(2):  # the same answer every tick: no estimate sliding forward
+        run_dispatch_tick()
+        body = tenant.get(f"/v1/jobs/{pinned.id}").json()
+        assert body["status"] == "queued"
+        assert body["queue"]["position"] is None
+        assert body["queue"]["estimated_start_at"] is None
+        assert (
+            "a job that cannot be preempted runs within its tier's share"
+            in (body["queue"]["reason"])
+        )
+    # Preemptible, the same job borrows the idle GPU.
+    JobFactory(org=org)
+    run_dispatch_tick()
+    assert [j["status"] for j in tenant.get("/v1/jobs").json()["results"]] == [
+        "scheduled",
+        "queued",
+    ]

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from apps.scheduler.policy import (
+    Place,
     PolicyConfig,
     UsageSnapshot,
     observed_runtime_ratios,
@@ -218,10 +219,37 @@ def test_a_job_wider_than_every_node_has_no_estimate_though_the_fleet_has_enough
 
 
 def test_a_job_that_cannot_be_preempted_waits_for_its_tier_share():
-    pool = node("solo", gpus=1)
-    queue = [job("pinned", tier="free", preemptible=False)]
-    waiting = waiting_of(schedule_round(snapshot([pool], queue, now=NOW)))
+    # Ten GPUs: free keeps 8 (80 %) and holds them; two are idle.
+    pool = node("n10", gpus=10)
+    held = [
+        allocation(f"f{i}", pool, [i], tier="free", org="f", started_at=NOW - 10, max_runtime_s=100)
+        for i in range(8)
+    ]
+    queue = [job("pinned", tier="free", org="me", preemptible=False)]
+    waiting = waiting_of(schedule_round(snapshot([pool], queue, running=held, now=NOW)))
     assert "its tier's share" in waiting["pinned"].public_reason
+    # Two GPUs are idle, but it starts only when a free job gives one back.
+    assert (waiting["pinned"].position, waiting["pinned"].estimated_start) == (1, NOW + 90)
+
+
+def test_a_job_that_cannot_be_preempted_and_exceeds_its_tier_share_has_no_estimate():
+    # Free's ceiling on one GPU is 0.8 of it: a job that cannot borrow never starts here,
+    # and an estimate would slide forward every tick.
+    queue = [
+        job("pinned", tier="free", org="me", submitted_at=NOW - 10, preemptible=False),
+        job("after", tier="free", org="me", submitted_at=NOW - 5),
+    ]
+    result = schedule_round(snapshot([node("solo", gpus=1)], queue, now=NOW))
+    pinned = waiting_of(result)["pinned"]
+    assert (pinned.position, pinned.estimated_start) == (None, None)
+    assert pinned.public_reason == (
+        "a job that cannot be preempted runs within its tier's share of the fleet: 80% of "
+        "1 GPU here, less than the 1 GPU it needs; a preemptible job may use idle GPUs "
+        "beyond it"
+    )
+    assert "ceiling of 0.8" in pinned.reason
+    # It stands ahead of no one: the preemptible job behind it borrows the idle GPU.
+    assert [p.job_id for p in result.decisions if isinstance(p, Place)] == ["after"]
 
 
 def test_the_tenant_reason_names_no_other_tenant_and_no_score():

@@ -12,15 +12,19 @@ own expected runtime. Two corrections, each measured on the simulator's bursty r
   themselves to the jobs after it;
 - work yet to arrive: a tier's wait is stretched by 1 + the share of the fleet the tiers
   above it held lately (decayed usage), the GPUs that their later jobs will take first.
-A job that no active node could hold on one node gets no estimate and holds no GPUs in
-the schedule. What it leaves out: that a job's GPUs must be on one node (a multi-GPU job
-may start later than estimated) and bursts (a sudden higher-tier burst pushes starts
-back). The simulator measures the error against the actual starts.
+A job that cannot be preempted starts no sooner than its tier's ceiling has room for it
+(`TierCeilings`). A job that no active node could hold on one node, or that can never
+start on the fleet as it is (one that cannot be preempted and needs more than its tier's
+ceiling), gets no estimate and holds no GPUs in the schedule. What it leaves out: that a
+job's GPUs must be on one node (a multi-GPU job may start later than estimated) and
+bursts (a sudden higher-tier burst pushes starts back). The simulator measures the error
+against the actual starts.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .config import TIER_RANK, TIERS
@@ -193,6 +197,54 @@ class Victims:
         return at
 
 
+class TierCeilings:
+    """The estimates' view of tier ceilings: a job that cannot be preempted starts only
+    once its tier holds few enough GPUs for it to stay within its ceiling, when enough
+    of the tier's GPUs have come back (each at its expected end). The jobs so estimated
+    then hold their share of the ceiling until their own expected ends. Preemptible jobs
+    are not held back (they borrow beyond the ceiling)."""
+
+    def __init__(
+        self, held: Callable[[], Iterable[tuple[str, float, int]]], kept: Mapping[str, int]
+    ):
+        """`held()`: (tier, expected end, GPUs) of each allocation running or placed this
+        round, read only once a job that cannot be preempted asks (most rounds have
+        none); `kept`: tier -> the whole GPUs its ceiling allows."""
+        self._held, self._kept = held, kept
+        self._ends_by_tier: dict[str, list[float]] | None = None
+
+    @property
+    def _ends(self) -> dict[str, list[float]]:
+        if self._ends_by_tier is None:
+            self._ends_by_tier = {}
+            for tier, end, gpus in self._held():
+                self._ends_by_tier.setdefault(tier, []).extend([end] * gpus)
+            for ends in self._ends_by_tier.values():
+                heapq.heapify(ends)
+        return self._ends_by_tier
+
+    def not_before(self, job: QueuedJob) -> float | None:
+        """When the job's tier has room for it within its ceiling (None: room now)."""
+        if job.preemptible:
+            return None
+        ends = self._ends.get(job.tier, [])
+        over = len(ends) + job.gpu_count - self._kept.get(job.tier, 0)
+        if over <= 0:
+            return None
+        return heapq.nsmallest(over, ends)[-1] if over <= len(ends) else math.inf
+
+    def hold(self, job: QueuedJob, end: float) -> None:
+        """The job holds its share of its tier's ceiling until `end`, in place of the
+        GPUs whose return made room for it."""
+        if job.preemptible:
+            return
+        ends = self._ends.setdefault(job.tier, [])
+        for _ in range(max(0, len(ends) + job.gpu_count - self._kept.get(job.tier, 0))):
+            heapq.heappop(ends)
+        for _ in range(job.gpu_count):
+            heapq.heappush(ends, end)
+
+
 def estimate(
     jobs: Iterable[QueuedJob],
     heaps: dict[str, list[float]],
@@ -203,6 +255,8 @@ def estimate(
     fits: Callable[[str, int], bool] | None = None,
     stretch: Mapping[str, float] | None = None,
     victims: Victims | None = None,
+    never_starts: Callable[[QueuedJob], bool] | None = None,
+    ceilings: TierCeilings | None = None,
 ) -> dict[Id, tuple[int | None, float | None]]:
     """job id -> (position among the jobs ahead that compete for a GPU type it may use,
     estimated start or None). `heaps` is consumed.
@@ -213,14 +267,17 @@ def estimate(
     GPUs that free up by themselves to the jobs after it. `fits` (GPU type, count):
     whether some active node has that many GPUs of that type; a type that fails it is
     never estimated for the job, however many GPUs of it the fleet has in all, and a job
-    that fails it on every type has neither a position nor an estimate."""
+    that fails it on every type has neither a position nor an estimate, nor has one for
+    which `never_starts` is true (it cannot start on this fleet for another reason). A
+    job that cannot be preempted starts no sooner than its tier's ceiling has room for it
+    (`ceilings`)."""
     stretch = stretch or {}
     result: dict[Id, tuple[int | None, float | None]] = {}
     ahead_by_types: dict[tuple[str, ...], int] = {}
     for job in jobs:
         types = allowed_types(job)
         fitting = types if fits is None else [t for t in types if fits(t, job.gpu_count)]
-        if types and not fitting:
+        if (types and not fitting) or (never_starts is not None and never_starts(job)):
             # No active node could hold it: it stands nowhere, and ahead of no one.
             result[job.id] = (None, None)
             continue
@@ -242,8 +299,16 @@ def estimate(
         if best_type is None:
             result[job.id] = (ahead + 1, None)
             continue
+        room = ceilings.not_before(job) if ceilings is not None else None
+        if room is not None:
+            if room == math.inf:  # beyond its ceiling whatever ends (never_starts' jobs)
+                result[job.id] = (ahead + 1, None)
+                continue
+            best_start = max(best_start, room)
         start = now + max(0.0, best_start - now) * stretch.get(job.tier, 1.0)
-        preempting = victims.take(job, types, before=start) if victims is not None else None
+        preempting = (
+            victims.take(job, types, before=start) if victims is not None and room is None else None
+        )
         if preempting is not None:
             result[job.id] = (ahead + 1, preempting)
             continue
@@ -251,5 +316,7 @@ def estimate(
         end = best_start + runtime_ratio(job.tier) * job.max_runtime_s
         for _ in range(job.gpu_count):
             heapq.heapreplace(heap, end)
+        if ceilings is not None:
+            ceilings.hold(job, end)
         result[job.id] = (ahead + 1, start if start - now <= HORIZON_S else None)
     return result

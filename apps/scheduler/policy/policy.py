@@ -44,7 +44,14 @@ from __future__ import annotations
 import math
 
 from .config import TIER_RANK, TIERS
-from .estimate import Victims, estimate, free_times, stretch_by_tier, typical_end
+from .estimate import (
+    TierCeilings,
+    Victims,
+    estimate,
+    free_times,
+    stretch_by_tier,
+    typical_end,
+)
 from .fairshare import FairShareQueue, Pick, RunningGpus
 from .gc_pause import garbage_collector_paused
 from .placement import CapacityIndex, Pool, Reservation
@@ -306,9 +313,9 @@ class _DispatchRound:
         count = job.gpu_count
         types = self.index.allowed_types(job)
         self.served.append(job)
-        unplaceable = self._no_node_holds(job, types)
-        if unplaceable is not None:
-            self.why[job.id] = (unplaceable, unplaceable)
+        never = self._never_starts(job, types)
+        if never is not None:
+            self.why[job.id] = never
             return 0, False
         within_ceiling = self._within_ceiling(job)
         end = self.now + job.max_runtime_s
@@ -382,22 +389,39 @@ class _DispatchRound:
             sum(counts[gpu_type][1] for gpu_type in types),
         )
 
-    def _no_node_holds(self, job: QueuedJob, types: tuple[str, ...]) -> str | None:
-        """ "no active node has 6 GPUs of H100 on one node" when no active node could
-        ever hold the job, free or not (whatever the fleet holds in all), else None."""
+    def _never_starts(self, job: QueuedJob, types: tuple[str, ...]) -> tuple[str, str] | None:
+        """(reason, public reason) when the job cannot start on the fleet as it is, however
+        long it waits: no active node could ever hold it, free or not ("no active node
+        has 6 GPUs of H100 on one node"), or it cannot be preempted and needs more GPUs
+        than its tier's ceiling (a free one on one GPU, whose ceiling is 0.8 of it).
+        Such a job gets no estimate (it would slide forward every tick); it waits for
+        the fleet to grow. Else None."""
         count = job.gpu_count
-        if count >= 1 and types and self.index.could_ever_fit(types, count):
-            return None
-        wanted = f"{count} GPU{'s' if count != 1 else ''} of {_types_phrase(types)}"
-        return f"no active node has {wanted} on one node"
+        if not (count >= 1 and types and self.index.could_ever_fit(types, count)):
+            wanted = f"{count} GPU{'s' if count != 1 else ''} of {_types_phrase(types)}"
+            unplaceable = f"no active node has {wanted} on one node"
+            return unplaceable, unplaceable
+        if self._never_within_ceiling(job):
+            ceiling = self.config.tier_ceilings[job.tier]
+            gpus = f"{count} GPU{'s' if count != 1 else ''}"
+            return (
+                f"cannot be preempted and needs {gpus}, more than the {job.tier} tier's "
+                f"ceiling of {self.ceiling_gpus[job.tier]:g} ({ceiling:.0%} of "
+                f"{self.capacity} GPUs); only preemptible jobs borrow beyond it",
+                f"a job that cannot be preempted runs within its tier's share of the fleet: "
+                f"{ceiling:.0%} of {self.capacity} GPU{'s' if self.capacity != 1 else ''} "
+                f"here, less than the {gpus} it needs; a preemptible job may use idle GPUs "
+                f"beyond it",
+            )
+        return None
 
     def _why_not_reached(self, job: QueuedJob) -> tuple[str, str]:
         """A job the round did not examine: no node could hold it, its GPU types are
         busy, or others come first."""
         allowed = self.index.allowed_types(job)
-        unplaceable = self._no_node_holds(job, allowed)
-        if unplaceable is not None:
-            return unplaceable, unplaceable
+        never = self._never_starts(job, allowed)
+        if never is not None:
+            return never
         types = self._present(allowed)
         busy = self._busy(types, job.gpu_count) if types else None
         if busy is not None:
@@ -416,6 +440,7 @@ class _DispatchRound:
         """Why each job of the snapshot that the round did not place waits, where it
         stands and when it may start (see estimate.py)."""
         placed: dict = {}
+        placed_held = []  # (tier, expected end, GPUs) of the jobs placed this round
         seen = set()  # the placed jobs, then each waiting job once it has its place
         queued_by_id = self._queued_by_id()
         for decision in self.decisions:
@@ -424,6 +449,7 @@ class _DispatchRound:
                 job = queued_by_id[decision.job_id]
                 end = self.now + self.snapshot.typical_ratio(job.tier) * job.max_runtime_s
                 placed.update(dict.fromkeys(decision.gpu_ids, end))
+                placed_held.append((job.tier, end, job.gpu_count))
         order = []
 
         def stand(job: QueuedJob) -> None:
@@ -458,6 +484,8 @@ class _DispatchRound:
             now=self.now,
             runtime_ratio=self.snapshot.typical_ratio,
             fits=lambda gpu_type, count: self.index.could_ever_fit((gpu_type,), count),
+            never_starts=self._never_within_ceiling,
+            ceilings=TierCeilings(lambda: self._held_with(placed_held), self.kept_gpus),
             stretch=stretch_by_tier(self._held_above_lately(), self.capacity),
             victims=Victims(
                 ((pool.gpu_type, a) for pool in self.index.pools for a in pool.allocations),
@@ -476,6 +504,22 @@ class _DispatchRound:
             position, start = estimates[job.id]
             waiting.append(Waiting(job.id, reason, public, position, start))
         return waiting
+
+    def _held_with(self, placed_held: list) -> list[tuple[str, float, int]]:
+        """(tier, expected end, GPUs) of each running allocation, then `placed_held`."""
+        return [
+            (
+                allocation.tier,
+                typical_end(
+                    allocation,
+                    now=self.now,
+                    runtime_ratio=self.snapshot.typical_ratio(allocation.tier),
+                    stop_delay_s=self.config.preemption_grace_s,
+                ),
+                allocation.gpu_count,
+            )
+            for allocation in self.snapshot.running
+        ] + placed_held
 
     def _held_above_lately(self) -> dict[str, float]:
         """tier -> GPUs the tiers ranked above it held lately (their decayed usage, as
@@ -548,6 +592,11 @@ class _DispatchRound:
                 quota[t] += 1
             self._drain_quota = quota
         return self.drains_by_tier.get(tier, 0) < self._drain_quota[tier]
+
+    def _never_within_ceiling(self, job: QueuedJob) -> bool:
+        """A job that cannot be preempted and needs more GPUs than its tier's ceiling:
+        it never starts on this fleet."""
+        return not job.preemptible and job.gpu_count > self.ceiling_gpus[job.tier] + 1e-9
 
     def _within_ceiling(self, job: QueuedJob) -> bool:
         held = self.running.by_tier.get(job.tier, 0)
