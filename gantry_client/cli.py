@@ -382,7 +382,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         dump(job)
     else:
-        out(render.job_detail(job, project_names(api)))
+        out(render.job_detail(job, project_names(api), now=api.server_now()))
     return EXIT_OK
 
 

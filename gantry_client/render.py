@@ -117,7 +117,11 @@ def project_label(job: dict, projects: Mapping[str, str] | None) -> str | None:
     return (projects or {}).get(str(project), project) if project is not None else None
 
 
-def job_detail(job: dict, projects: Mapping[str, str] | None = None) -> str:
+def job_detail(
+    job: dict, projects: Mapping[str, str] | None = None, *, now: datetime | None = None
+) -> str:
+    """A job as label/value lines; a queued one also says where it stands in the queue,
+    why it waits and when it should start (reckoned from `now`, the server's clock)."""
     resources = job.get("resources") or {}
     allowed = ", ".join(resources.get("gpu_types") or []) or "any type"
     if resources.get("min_gpu_memory_gb"):
@@ -138,6 +142,9 @@ def job_detail(job: dict, projects: Mapping[str, str] | None = None) -> str:
         ("GPUs", f"{placed}  (allowed: {allowed})"),
         ("Attempts", f"{job.get('attempts', 0)} ({job.get('preemptions', 0)} preemptions)"),
     ]
+    queue = _queue_phrase(job, now or datetime.now(UTC))
+    if queue:
+        rows.append(("Queue", queue))
     if hold:
         rows.append(
             (

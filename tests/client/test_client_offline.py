@@ -454,6 +454,19 @@ def test_job_detail_and_table_name_projects_and_fall_back_to_ids():
     assert "p1" in render.job_detail(named)  # no names read: the id
 
 
+def test_status_of_a_queued_job_says_where_it_stands_why_and_when_it_should_start():
+    queue = {
+        "position": 2,
+        "reason": "waiting for an H100: 1 of 1 busy",
+        "estimated_start_at": (NOW + timedelta(seconds=90)).isoformat(),
+    }
+    waiting = followed("queued", attempts=0, queue=queue) | {"resources": {"gpu_count": 1}}
+    detail = dict(line.split(None, 1) for line in render.job_detail(waiting, now=NOW).splitlines())
+    assert detail["Queue"] == "#2 in queue: waiting for an H100: 1 of 1 busy, starts ~in 1m 30s"
+    running = followed("running", queue=None) | {"resources": {"gpu_count": 1}}
+    assert "Queue" not in render.job_detail(running, now=NOW)
+
+
 def test_client_imports_neither_django_nor_the_server_apps():
     code = (
         "import sys, gantry_client.cli\n"
