@@ -278,7 +278,7 @@ def estimate(
         types = allowed_types(job)
         fitting = types if fits is None else [t for t in types if fits(t, job.gpu_count)]
         if (types and not fitting) or (never_starts is not None and never_starts(job)):
-            # No active node could hold it: it stands nowhere, and ahead of no one.
+            # It cannot start on this fleet: it stands nowhere, and ahead of no one.
             result[job.id] = (None, None)
             continue
         ahead = sum(
