@@ -8,7 +8,7 @@ request (docs/performance.md, "Where a submission's CPU goes"). Here the event l
 the whole body first (it is bounded: DATA_UPLOAD_MAX_MEMORY_SIZE), one task runs the
 application in the pool, and the response comes back with its result. A response larger
 than `stream_above` bytes (a result file served from local storage) is streamed from the
-thread, chunk by chunk, as a2wsgi would.
+thread in pieces of about that size (not in a file response's 4 KiB blocks).
 
 A body declared larger than the limit is not read: the application answers it (our
 middleware's 413) from the headers alone. A body sent without a length (chunked) is read
@@ -106,21 +106,18 @@ class BufferedWSGI:
         try:
             size = sum(len(chunk) for chunk in chunks)
             for chunk in iterable:
-                if streaming:
-                    if chunk:
-                        send_now({"type": "http.response.body", "body": chunk, "more_body": True})
-                    continue
                 chunks.append(chunk)
                 size += len(chunk)
-                if size > self.stream_above:
-                    streaming = True
-                    send_now(started[0])
-                    send_now(
-                        {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
-                    )
+                if size > self.stream_above:  # sent in pieces of about this size
+                    if not streaming:
+                        streaming = True
+                        send_now(started[0])
+                    body = b"".join(chunks)
+                    send_now({"type": "http.response.body", "body": body, "more_body": True})
                     chunks.clear()
+                    size = 0
             if streaming:
-                send_now({"type": "http.response.body", "body": b""})
+                send_now({"type": "http.response.body", "body": b"".join(chunks)})
                 return None
             return started[0], b"".join(chunks)
         finally:
