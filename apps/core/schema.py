@@ -146,7 +146,8 @@ ERRORS: dict[int, tuple[str, dict]] = {
         {"code": "rate_limited", "message": "Too many submissions; retry in 1 s.", "field": None},
     ),
     503: (
-        "PostgreSQL or Redis cannot be reached; Retry-After says when to retry.",
+        "PostgreSQL or Redis cannot be reached, or the API process is receiving too many "
+        "large bodies (over 64 KiB) at once; Retry-After says when to retry.",
         {
             "code": "unavailable",
             "message": "The service is temporarily unavailable; retry shortly.",

@@ -132,3 +132,26 @@ def test_an_application_error_reaches_the_server():
 
     with pytest.raises(RuntimeError, match="boom"):
         serve(BufferedWSGI(app, threads=1, max_body=100), http_scope(), [b""])
+
+
+def test_large_bodies_beyond_the_buffer_budget_are_refused_503_and_small_ones_go_on():
+    bridge = BufferedWSGI(echo, threads=1, max_body=1 << 20, max_buffered=256 << 10)
+    large = b"x" * (200 << 10)
+    # Alone, a large body fits the budget, and gives its room back once answered.
+    sent, _ = serve(bridge, http_scope([(b"content-length", str(len(large)).encode())]), [large])
+    assert answer(sent)[0] == 201
+    assert bridge.buffered == 0
+    bridge.buffered = 200 << 10  # another large body being received now
+    sent, received = serve(
+        bridge, http_scope([(b"content-length", str(len(large)).encode())]), [large]
+    )
+    status, body = answer(sent)
+    assert (status, body["error"]["code"], received) == (503, "unavailable", [])
+    assert (b"retry-after", b"1") in sent[0]["headers"]
+    # Sent without a length, it is refused once it outgrows the room.
+    sent, _ = serve(bridge, http_scope(), [large[:100_000], large[100_000:]])
+    assert answer(sent)[0] == 503
+    # A small body counts for nothing and is served.
+    sent, _ = serve(bridge, http_scope([(b"content-length", b"2")]), [b"ok"])
+    assert answer(sent) == (201, {"body": "ok", "length": "2"})
+    assert bridge.buffered == 200 << 10  # only the other body's room is taken
