@@ -66,7 +66,7 @@ class BufferedWSGI:
         try:
             body, declared = await self._read_body(scope, receive, counted)
             if body is _NO_ROOM:
-                await _send_busy(send)
+                await _send_no_room(send)
                 return
             if body is None:
                 return  # the client went away before its request was whole
@@ -183,7 +183,7 @@ def _content_length(scope) -> int | None:
     return None
 
 
-async def _send_busy(send) -> None:
+async def _send_no_room(send) -> None:
     """503 `unavailable` in the API's error shape, as when PostgreSQL or Redis is out of
     reach: retrying shortly is right for both."""
     body = json.dumps(
