@@ -41,34 +41,26 @@ def test_a_static_file_larger_than_the_bridge_buffers_arrives_whole(ops):
     assert (status, len(body), body == on_disk) == (200, len(on_disk), True)
 
 
+def submit_chunked(stack, key: str, pieces) -> tuple[int, dict]:
+    """POST /v1/jobs with a body sent in `pieces` (chunked, no Content-Length)."""
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Content-Type": "application/json",
+        "Idempotency-Key": str(uuid.uuid4()),
+    }
+    status, _, body = request(stack, "POST", "/v1/jobs", body=pieces, headers=headers, chunked=True)
+    return status, json.loads(body)
+
+
 @on_live_stack
 def test_a_submission_sent_chunked_is_admitted_and_one_over_the_limit_is_413(ops):
     tenant = make_tenant(tier=Tier.PAID)
-    headers = {
-        "Authorization": f"Bearer {tenant.key}",
-        "Content-Type": "application/json",
-    }
     payload = json.dumps(job_body(tenant, prompt="sent in chunks", steps=2)).encode()
-    pieces = (payload[i : i + 50] for i in range(0, len(payload), 50))
-    status, _, body = request(
-        ops,
-        "POST",
-        "/v1/jobs",
-        body=pieces,
-        headers=headers | {"Idempotency-Key": str(uuid.uuid4())},
-        chunked=True,
+    status, job = submit_chunked(
+        ops, tenant.key, (payload[i : i + 50] for i in range(0, len(payload), 50))
     )
-    assert status == 202, body
-    assert json.loads(body)["params"]["prompt"] == "sent in chunks"
-
-    huge = (b"x" * (1 << 20) for _ in range(3))  # 3 MiB, over DATA_UPLOAD_MAX_MEMORY_SIZE
-    status, _, body = request(
-        ops,
-        "POST",
-        "/v1/jobs",
-        body=huge,
-        headers=headers | {"Idempotency-Key": str(uuid.uuid4())},
-        chunked=True,
-    )
-    assert status == 413, body
-    assert json.loads(body)["error"]["code"] == "too_large"
+    assert status == 202, job
+    assert job["params"]["prompt"] == "sent in chunks"
+    # 3 MiB, over DATA_UPLOAD_MAX_MEMORY_SIZE
+    status, refusal = submit_chunked(ops, tenant.key, (b"x" * (1 << 20) for _ in range(3)))
+    assert (status, refusal["error"]["code"]) == (413, "too_large")
