@@ -18,7 +18,7 @@ from apps.accounts.operator_actions import operator_of
 from apps.core.admin import ReadOnlyInline
 from apps.core.errors import GantryError
 from apps.core.money import credits
-from apps.jobs import operations
+from apps.jobs import operations, queue_state
 from apps.jobs.models import Attempt, Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.ledger.admin import LedgerOrgAdmin
 from apps.ledger.models import Bucket
@@ -91,7 +91,7 @@ class JobAdmin(admin.ModelAdmin):
     ordering = ("-created_at", "-id")
     inlines = (AttemptInline, JobEventInline)
     actions = ("cancel_jobs", "requeue_dead_lettered")
-    readonly_fields = [*(f.name for f in Job._meta.fields), "audit"]
+    readonly_fields = [*(f.name for f in Job._meta.fields), "queue", "audit"]
 
     def has_add_permission(self, request):
         return False
@@ -145,6 +145,21 @@ class JobAdmin(admin.ModelAdmin):
         if not obj.error_code:
             return "-"
         return format_html('<span title="{}">{}</span>', obj.error_message, obj.error_code)
+
+    @admin.display(description="queue")
+    def queue(self, obj):
+        """Where a queued job stands, as the last dispatch tick saw it: its position, the
+        whole reason it waits (the operators' wording) and its expected start."""
+        if obj.status != JobStatus.QUEUED:
+            return "-"
+        state = queue_state.read([obj.pk]).get(str(obj.pk), queue_state.UNKNOWN)
+        start = state.estimated_start_at
+        return format_html(
+            "position {} · {} · expected to start {}",
+            state.position if state.position is not None else "unknown",
+            state.detail or state.reason,
+            start.strftime("%Y-%m-%d %H:%M:%S UTC") if start else "unknown",
+        )
 
     @admin.display(description="audit trail")
     def audit(self, obj):

@@ -5,10 +5,14 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from apps.accounts.models import Tier
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.ledger.models import HoldState
+from apps.scheduler.services.dispatch import run_dispatch_tick
 from tests.factories import OrgFactory
 from tests.jobs.factories import JobFactory, funded_org
+from tests.scheduler.factories import JobFactory as SchedulerJobFactory
+from tests.scheduler.factories import NodeFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_job_state")]
 
@@ -170,3 +174,14 @@ def test_quarantined_fingerprints_are_listed_and_cleared(staff):
     )
     assert response.status_code == 200
     assert not QuarantinedFingerprint.objects.exists()
+
+
+def test_the_change_page_of_a_queued_job_says_why_it_waits_in_the_operators_words(staff, settings):
+    settings.GANTRY_QUEUE_STATE_INTERVAL_S = 0  # the tick explains the queue
+    NodeFactory(gpus=1)
+    pinned = SchedulerJobFactory(org=OrgFactory(tier=Tier.FREE), preemptible=False)
+    page = staff.get(f"{CHANGELIST}{pinned.id}/change/").content.decode()
+    assert "waiting to be looked at by the scheduler" in page  # no tick yet
+    run_dispatch_tick()
+    page = staff.get(f"{CHANGELIST}{pinned.id}/change/").content.decode()
+    assert "position unknown · cannot be preempted and needs 1 GPU, more than the free" in page
