@@ -355,6 +355,11 @@ class Tenant:
     key: str
 
 
+def on_live_stack(test):
+    """A test that runs jobs through the live slice of the platform: e2e, committed rows."""
+    return pytest.mark.e2e(pytest.mark.django_db(transaction=True)(test))
+
+
 def make_tenant(**org_fields) -> Tenant:
     org = funded_org(**org_fields)
     project = ProjectFactory(org=org)

@@ -10,14 +10,9 @@ import uuid
 from pathlib import Path
 
 import drf_spectacular_sidecar
-import pytest
 
 from apps.accounts.models import Tier
-from tests.ops.live_stack import job_body, make_tenant
-
-
-def on_live_stack(test):
-    return pytest.mark.e2e(pytest.mark.django_db(transaction=True)(test))
+from tests.ops.live_stack import job_body, make_tenant, on_live_stack
 
 
 def request(stack, method: str, path: str, *, body=None, headers=None, chunked=False):

@@ -16,7 +16,6 @@ import urllib.parse
 import urllib.request
 import uuid
 
-import pytest
 import yaml
 from prometheus_client import REGISTRY
 
@@ -27,6 +26,7 @@ from tests.ops.live_stack import (
     gunicorn_workers,
     job_body,
     make_tenant,
+    on_live_stack,
     terminal,
     value,
     wait_for,
@@ -34,11 +34,6 @@ from tests.ops.live_stack import (
 from tests.worker_harness import ROOT
 
 OPS = ROOT / "ops"
-
-
-def on_live_stack(test):
-    """A test that runs jobs through the live slice of the platform: e2e, committed rows."""
-    return pytest.mark.e2e(pytest.mark.django_db(transaction=True)(test))
 
 
 def moved(before, after):

@@ -24,7 +24,6 @@ against the actual starts.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .config import TIER_RANK, TIERS
@@ -224,14 +223,16 @@ class TierCeilings:
         return self._ends_by_tier
 
     def not_before(self, job: QueuedJob) -> float | None:
-        """When the job's tier has room for it within its ceiling (None: room now)."""
+        """When the job's tier has room for it within its ceiling (None: room now). For
+        a job its ceiling can hold at all (estimate leaves the others out first,
+        `never_starts`): then enough of the tier's GPUs come back for it."""
         if job.preemptible:
             return None
         ends = self._ends.get(job.tier, [])
         over = len(ends) + job.gpu_count - self._kept.get(job.tier, 0)
         if over <= 0:
             return None
-        return heapq.nsmallest(over, ends)[-1] if over <= len(ends) else math.inf
+        return heapq.nsmallest(over, ends)[-1]
 
     def hold(self, job: QueuedJob, end: float) -> None:
         """The job holds its share of its tier's ceiling until `end`, in place of the
@@ -301,9 +302,6 @@ def estimate(
             continue
         room = ceilings.not_before(job) if ceilings is not None else None
         if room is not None:
-            if room == math.inf:  # beyond its ceiling whatever ends (never_starts' jobs)
-                result[job.id] = (ahead + 1, None)
-                continue
             best_start = max(best_start, room)
         start = now + max(0.0, best_start - now) * stretch.get(job.tier, 1.0)
         preempting = (
