@@ -103,9 +103,21 @@ def test_observed_runtime_ratios_are_the_median_and_the_75th_percentile_interpol
     assert observed_runtime_ratios(ran, min_samples=4) == pytest.approx((0.5, 0.65))
 
 
-def test_observed_runtime_ratios_stay_within_a_hundredth_and_the_whole_runtime():
+def test_observed_runtime_ratios_stay_within_a_thousandth_and_the_whole_runtime():
     # A job that ran past its max runtime (the grace to stop) or for no time at all.
-    assert observed_runtime_ratios([0.0, 0.0, 1.4], min_samples=1) == (0.01, pytest.approx(0.505))
+    assert observed_runtime_ratios([0.0, 0.0, 1.4], min_samples=1) == (
+        0.001,
+        pytest.approx(0.5005),
+    )
+
+
+def test_ten_second_jobs_under_an_hours_limit_are_expected_to_run_ten_seconds():
+    # Generous limits are the norm: a floor of 1 % read these as 36 s jobs, and a job
+    # hundreds deep in the queue expected to start three times later than it did.
+    ran = [10.4 / 3600] * 10
+    typical, late = observed_runtime_ratios(ran, min_samples=10)
+    assert typical * 3600 == pytest.approx(10.4)
+    assert late * 3600 == pytest.approx(10.4)
 
 
 def test_one_short_finished_job_does_not_make_every_running_job_look_about_to_end():
@@ -281,3 +293,43 @@ def test_explaining_changes_no_decision(explain):
     queue = [job(f"j{i}", gpus=3, submitted_at=i) for i in range(5)]
     snap = snapshot([pool], queue, now=NOW)
     assert schedule_round(snap, explain=explain).decisions == schedule(snap)
+
+
+def test_on_a_full_fleet_each_orgs_next_job_stands_among_the_first_in_line():
+    # Ten busy GPUs, each held by one of ten orgs; sixteen orgs queue hundreds of jobs
+    # each. The round places nothing and so charges no one: it looks at every job of
+    # the six orgs holding no GPU first. Served as GPUs free up, every org's next job
+    # is among the first sixteen or so, and each estimate is a job's runtime or two away.
+    pools = [node("h", "H100", gpus=4), node("a1", "A100", gpus=4), node("a2", "A100", gpus=2)]
+    gpus = [(pool, i) for pool in pools for i in range(len(pool.gpus))]
+    running = [
+        allocation(
+            f"r{k}",
+            pool,
+            [i],
+            tier="enterprise",
+            org=f"o{k}",
+            user=f"u{k}",
+            started_at=NOW - 5,
+            max_runtime_s=3600,
+        )
+        for k, (pool, i) in enumerate(gpus)
+    ]
+    queue = [
+        job(
+            f"j{i}",
+            tier="enterprise",
+            org=f"o{i % 16}",
+            user=f"u{i % 16}",
+            submitted_at=NOW - 900 + i * 0.01,
+            types=("H100", "A100"),
+            gpus=1 + (i % 7 == 0),
+        )
+        for i in range(16 * 40)
+    ]
+    snap = snapshot(pools, queue, running=running, now=NOW)
+    snap.runtime_ratio = snap.late_runtime_ratio = 10 / 3600
+    waiting = waiting_of(schedule_round(snap))
+    heads = [waiting[f"j{o}"] for o in range(16)]
+    assert max(head.position for head in heads) <= 18
+    assert max(head.estimated_start for head in heads) <= NOW + 30

@@ -32,6 +32,12 @@ from .snapshot import Id, Node, NodeState, QueuedJob, RunningAllocation
 # Beyond this many seconds an estimate says nothing useful: reported as unknown.
 HORIZON_S = 7 * 24 * 3600.0
 
+# The least share of its max runtime a job is expected to run. Tenants set generous
+# limits: on `make up`, 10 s jobs with `max_runtime_s` 3600 ran 0.3 % of it, and a floor
+# of 1 % expected 36 s each, so a job 514th in line read a start 35 minutes away for
+# one about 10 minutes away. A thousandth still keeps an expected end after the start.
+MIN_RUNTIME_RATIO = 0.001
+
 
 def stretch_by_tier(held_above: Mapping[str, float], capacity: int) -> dict[str, float]:
     """tier -> how much longer its waits are than the list schedule says: 1 + ρ, where ρ
@@ -51,11 +57,11 @@ def stretch_by_tier(held_above: Mapping[str, float], capacity: int) -> dict[str,
 
 def observed_runtime_ratios(ratios: Iterable[float], *, min_samples: int) -> tuple[float, float]:
     """The typical (median) and the late (75th percentile) share of their max runtime
-    that recently finished attempts ran, each within [0.01, 1] and interpolated as
+    that recently finished attempts ran, each within [`MIN_RUNTIME_RATIO`, 1] and interpolated as
     PostgreSQL's `percentile_cont`. From fewer than `min_samples` attempts, (1.0, 1.0): a
     job is expected to run its whole max runtime until enough have finished to say
     otherwise."""
-    ordered = sorted(min(1.0, max(0.01, float(ratio))) for ratio in ratios)
+    ordered = sorted(min(1.0, max(MIN_RUNTIME_RATIO, float(ratio))) for ratio in ratios)
     if not ordered or len(ordered) < min_samples:
         return 1.0, 1.0
     return _percentile(ordered, 0.5), _percentile(ordered, 0.75)

@@ -134,6 +134,8 @@ class _DispatchRound:
         self.passed_over: dict = {}  # job id -> (types, within ceiling, pick), to explain
         self.held_back: dict = {}  # job id -> when its GPUs are expected to free by themselves
         self.served: list[QueuedJob] = []
+        self.claims_served = 0  # how many of `served` are claimants (`_serve_claims`)
+        self.sitting_out: set = set()  # claimants started or waiting for their victims
         self._expected_free: dict[tuple, float] = {}  # (types, count) -> expected time
         self._pool_end_cache: dict[int, list[float]] = {}  # pool ordinal -> sorted ends
         self._type_gpus: dict[str, tuple[int, int]] = {}  # type -> (GPUs, free), explaining
@@ -145,17 +147,9 @@ class _DispatchRound:
         if not queued or self.capacity == 0:
             return self.decisions
         sitting_out = self._serve_claims(queued)
-        self.queue = FairShareQueue(
-            queued,
-            capacity_gpus=self.capacity,
-            config=self.config,
-            org_weights=self.snapshot.org_weights,
-            usage=self.snapshot.usage,
-            running=self.running,
-            now=self.now,
-            backlog=self.snapshot.backlog,
-            exclude=sitting_out,
-        )
+        self.sitting_out = sitting_out
+        self.claims_served = len(self.served)
+        self.queue = self._fair_share_queue(queued, exclude=sitting_out)
         if self.index.free_gpus == 0 and not self._anyone_may_preempt():
             return self.decisions  # fleet full: nothing to place, nobody to preempt for
         self._grant_drains()
@@ -173,6 +167,19 @@ class _DispatchRound:
             self.queue.consume(placed_gpus)
             examined_without_decision = 0 if decided else examined_without_decision + 1
         return self.decisions
+
+    def _fair_share_queue(self, queued, *, exclude) -> FairShareQueue:
+        return FairShareQueue(
+            queued,
+            capacity_gpus=self.capacity,
+            config=self.config,
+            org_weights=self.snapshot.org_weights,
+            usage=self.snapshot.usage,
+            running=self.running,
+            now=self.now,
+            backlog=self.snapshot.backlog,
+            exclude=exclude,
+        )
 
     # -- claims ------------------------------------------------------------------------
 
@@ -457,14 +464,25 @@ class _DispatchRound:
                 seen.add(job.id)
                 order.append(job)
 
-        for job in self.served:
-            stand(job)
-        # The jobs the round did not reach, in the order fair share would serve them as
-        # GPUs free up (each charged as if placed), not in submission order: a newcomer
-        # that the next free GPU goes to stands first, not behind other orgs' floods.
+        # First the claimants (their GPUs are being freed for them) and the jobs the
+        # round preempted or drained a node for, as the round served them.
+        decided = {d.for_job_id for d in self.decisions if isinstance(d, Preempt)}
+        decided.update(d.job_id for d in self.decisions if isinstance(d, Reserve))
+        for index, job in enumerate(self.served):
+            if index < self.claims_served or job.id in decided:
+                stand(job)
+        # Then every other job, in the order fair share would serve them as GPUs free up,
+        # each charged as if placed: a newcomer that the next free GPU goes to stands
+        # first, not behind other orgs' floods. Not in the order the round looked at
+        # them: a round that places nothing charges no one, so it looked at every job
+        # of the orgs holding no GPUs before any job of those holding one (twelve orgs
+        # of thousands of jobs each on ten GPUs: heads 500th in line, started within a
+        # minute).
         if self.queue is not None:
-            while (pick := self.queue.peek()) is not None:
-                self.queue.consume(pick.job.gpu_count)
+            waiting = [j for j in self.snapshot.queued if j.id not in seen]
+            queue = self._fair_share_queue(waiting, exclude=self.sitting_out)
+            while (pick := queue.peek()) is not None:
+                queue.consume(pick.job.gpu_count)
                 stand(pick.job)
         rest = [j for j in self.snapshot.queued if j.id not in seen]
         rest.sort(key=lambda j: (-TIER_RANK.get(j.tier, 0), j.submitted_at, str(j.id)))
