@@ -34,8 +34,8 @@ HORIZON_S = 7 * 24 * 3600.0
 
 # The least share of its max runtime a job is expected to run. Tenants set generous
 # limits: on `make up`, 10 s jobs with `max_runtime_s` 3600 ran 0.3 % of it, and a floor
-# of 1 % expected 36 s each, so a job 514th in line read a start 35 minutes away for
-# one about 10 minutes away. A thousandth still keeps an expected end after the start.
+# of 1 % expected 36 s each, every start estimate three and a half times too far. A
+# thousandth still keeps an expected end after the start.
 MIN_RUNTIME_RATIO = 0.001
 
 
