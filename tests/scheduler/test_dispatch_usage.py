@@ -98,12 +98,15 @@ def test_the_snapshot_reads_each_tiers_median_and_late_runtime_ratio_of_its_rece
     assert cluster.runtime_ratios_by_tier[Tier.ENTERPRISE] == (1.0, 1.0)
 
 
-def test_too_few_finished_attempts_expect_every_job_to_run_its_whole_max_runtime():
+def test_too_few_finished_attempts_hold_preemption_back_for_the_whole_max_runtime():
+    # Four finished: enough for start estimates (three), not for the hold-back (five
+    # here), which expects running jobs to run their whole max runtime.
     _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime()
 
     cluster = build_snapshot(config=PolicyConfig(runtime_ratio_min_samples=5)).cluster
 
-    assert cluster.runtime_ratios_by_tier[Tier.PAID] == (1.0, 1.0)
+    assert cluster.runtime_ratios_by_tier[Tier.PAID] == (pytest.approx(0.5, abs=0.01), 1.0)
+    assert cluster.runtime_ratios_by_tier[Tier.FREE] == (1.0, 1.0)
 
 
 def _sample(name, labels=None):

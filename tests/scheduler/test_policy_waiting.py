@@ -127,12 +127,21 @@ def test_one_short_finished_job_does_not_make_every_running_job_look_about_to_en
 
 
 def test_observed_runtime_ratios_are_read_for_each_tier_from_its_own_attempts():
-    ran = [("free", 0.5)] * 10 + [("enterprise", 0.02)] * 10 + [("paid", 0.3)] * 3
+    ran = [("free", 0.5)] * 10 + [("enterprise", 0.02)] * 10 + [("paid", 0.3)] * 2
     assert observed_runtime_ratios_by_tier(ran, min_samples=10) == {
         "free": (0.5, 0.5),
         "enterprise": (0.02, 0.02),
         "paid": (1.0, 1.0),
     }
+
+
+def test_three_finished_jobs_set_the_estimates_and_ten_the_preemption_hold_back():
+    # A new platform: the estimates use what three jobs ran; preemptions wait for ten,
+    # so that a few short jobs never make every running job look about to end.
+    ran = [("paid", 10 / 600)] * 3
+    typical, late = observed_runtime_ratios_by_tier(ran, min_samples=10)["paid"]
+    assert typical * 600 == pytest.approx(10)
+    assert late == 1.0
 
 
 def test_an_enterprise_job_behind_preemptible_free_work_expects_the_preemption_not_its_end():

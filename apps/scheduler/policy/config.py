@@ -214,7 +214,8 @@ class PolicyConfig:
     On `make up`, ten GPUs held by free jobs, the ratio of one short enterprise job made
     free jobs look about to end, and held the next enterprise jobs back to the limit
     (9.5 and 9.7 s to start; docs/scheduler-experiments.md, "Runtime ratios per tier, from ten
-    finishes")."""
+    finishes"). Start estimates, which decide nothing, use the median of as few as three
+    (`estimate.ESTIMATE_MIN_SAMPLES`)."""
     max_preemptions_per_job: int = 2
     """A job preempted this many times is no longer a victim."""
     min_runtime_before_preemption_s: float = 0.0

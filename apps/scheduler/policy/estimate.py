@@ -38,6 +38,12 @@ HORIZON_S = 7 * 24 * 3600.0
 # thousandth still keeps an expected end after the start.
 MIN_RUNTIME_RATIO = 0.001
 
+# Finished attempts of a tier from which its start estimates use their median ratio.
+# Fewer than the hold-back's ten: on a new one-GPU `make up`, five 10 s jobs under a
+# 600 s limit read starts 10, 20 ... 50 minutes away (each queued job expected to run
+# its whole limit) and started within 42 s.
+ESTIMATE_MIN_SAMPLES = 3
+
 
 def stretch_by_tier(held_above: Mapping[str, float], capacity: int) -> dict[str, float]:
     """tier -> how much longer its waits are than the list schedule says: 1 + ρ, where ρ
@@ -72,14 +78,21 @@ def observed_runtime_ratios_by_tier(
 ) -> dict[str, tuple[float, float]]:
     """tier -> `observed_runtime_ratios` of that tier's own (tier, ratio) samples, for
     every tier ((1.0, 1.0) for one with too few): `ClusterSnapshot.runtime_ratios_by_tier`,
-    as the dispatch tick and the simulator both read it."""
+    as the dispatch tick and the simulator both read it. The typical ratio, which only
+    start estimates read, needs `ESTIMATE_MIN_SAMPLES` of them; the late one, which
+    holds preemptions back, keeps `min_samples`."""
     by_tier: dict[str, list[float]] = {tier: [] for tier in TIERS}
     for tier, ratio in ratios:
         by_tier.setdefault(tier, []).append(ratio)
-    return {
-        tier: observed_runtime_ratios(sample, min_samples=min_samples)
-        for tier, sample in by_tier.items()
-    }
+    result = {}
+    for tier, sample in by_tier.items():
+        typical, late = observed_runtime_ratios(sample, min_samples=min_samples)
+        if len(sample) < min_samples:
+            typical, _ = observed_runtime_ratios(
+                sample, min_samples=min(min_samples, ESTIMATE_MIN_SAMPLES)
+            )
+        result[tier] = (typical, late)
+    return result
 
 
 def _percentile(ordered: Sequence[float], fraction: float) -> float:
