@@ -478,7 +478,7 @@ class _DispatchRound:
         # of the orgs holding no GPUs before any job of those holding one (twelve orgs
         # of thousands of jobs each on ten GPUs: heads 500th in line, started within a
         # minute).
-        if self.queue is not None:
+        if self.queue is not None:  # the round ran: there is a fleet and a queue
             waiting = [j for j in self.snapshot.queued if j.id not in seen]
             queue = self._fair_share_queue(waiting, exclude=self.sitting_out)
             while (pick := queue.peek()) is not None:
