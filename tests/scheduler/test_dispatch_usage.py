@@ -87,15 +87,16 @@ def _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime():
 def test_the_snapshot_reads_each_tiers_median_and_late_runtime_ratio_of_its_recent_attempts():
     # Start estimates expect the median (50 %), the preemption hold-back the 75th
     # percentile, once as many of the tier's attempts finished as the policy asks for;
-    # the other tiers, with none, expect their jobs to run their whole max runtime.
+    # the other tiers, with none, estimate from paid's attempts and hold preemptions
+    # back for their jobs' whole max runtime.
     assert _four_attempts_ran_20_40_60_and_80_percent_of_their_max_runtime() == Tier.PAID
 
     cluster = build_snapshot(config=PolicyConfig(runtime_ratio_min_samples=4)).cluster
 
     assert cluster.typical_ratio(Tier.PAID) == pytest.approx(0.5, abs=0.01)
     assert cluster.late_ratio(Tier.PAID) == pytest.approx(0.65, abs=0.01)
-    assert cluster.runtime_ratios_by_tier[Tier.FREE] == (1.0, 1.0)
-    assert cluster.runtime_ratios_by_tier[Tier.ENTERPRISE] == (1.0, 1.0)
+    assert cluster.runtime_ratios_by_tier[Tier.FREE] == pytest.approx((0.5, 1.0), abs=0.01)
+    assert cluster.runtime_ratios_by_tier[Tier.ENTERPRISE] == pytest.approx((0.5, 1.0), abs=0.01)
 
 
 def test_too_few_finished_attempts_hold_preemption_back_for_the_whole_max_runtime():
@@ -106,7 +107,7 @@ def test_too_few_finished_attempts_hold_preemption_back_for_the_whole_max_runtim
     cluster = build_snapshot(config=PolicyConfig(runtime_ratio_min_samples=5)).cluster
 
     assert cluster.runtime_ratios_by_tier[Tier.PAID] == (pytest.approx(0.5, abs=0.01), 1.0)
-    assert cluster.runtime_ratios_by_tier[Tier.FREE] == (1.0, 1.0)
+    assert cluster.runtime_ratios_by_tier[Tier.FREE] == (pytest.approx(0.5, abs=0.01), 1.0)
 
 
 def _sample(name, labels=None):

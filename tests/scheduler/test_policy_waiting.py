@@ -127,12 +127,28 @@ def test_one_short_finished_job_does_not_make_every_running_job_look_about_to_en
 
 
 def test_observed_runtime_ratios_are_read_for_each_tier_from_its_own_attempts():
-    ran = [("free", 0.5)] * 10 + [("enterprise", 0.02)] * 10 + [("paid", 0.3)] * 2
+    ran = [("free", 0.5)] * 10 + [("enterprise", 0.02)] * 10 + [("paid", 0.3)] * 4
     assert observed_runtime_ratios_by_tier(ran, min_samples=10) == {
         "free": (0.5, 0.5),
         "enterprise": (0.02, 0.02),
-        "paid": (1.0, 1.0),
+        "paid": (0.3, 1.0),  # four of its own set its estimates, not its hold-back
     }
+
+
+def test_a_tier_with_under_three_finished_jobs_estimates_from_every_tiers_jobs():
+    # A new platform: five enterprise jobs ran a fiftieth of their limit, one paid job
+    # has finished. Paid's estimates take the median of all six, not the whole limit;
+    # its preemption hold-back still expects the whole limit.
+    ran = [("enterprise", 0.02)] * 5 + [("paid", 0.05)]
+    ratios = observed_runtime_ratios_by_tier(ran, min_samples=10)
+    assert ratios["paid"] == (0.02, 1.0)
+    assert ratios["free"] == (0.02, 1.0)
+    assert ratios["enterprise"] == (0.02, 1.0)
+
+
+def test_with_under_three_finished_jobs_in_all_every_job_expects_its_whole_limit():
+    ratios = observed_runtime_ratios_by_tier([("enterprise", 0.02)] * 2, min_samples=10)
+    assert set(ratios.values()) == {(1.0, 1.0)}
 
 
 def test_three_finished_jobs_set_the_estimates_and_ten_the_preemption_hold_back():

@@ -79,18 +79,25 @@ def observed_runtime_ratios_by_tier(
     """tier -> `observed_runtime_ratios` of that tier's own (tier, ratio) samples, for
     every tier ((1.0, 1.0) for one with too few): `ClusterSnapshot.runtime_ratios_by_tier`,
     as the dispatch tick and the simulator both read it. The typical ratio, which only
-    start estimates read, needs `ESTIMATE_MIN_SAMPLES` of them; the late one, which
-    holds preemptions back, keeps `min_samples`."""
+    start estimates read, needs `ESTIMATE_MIN_SAMPLES` of them, and a tier with fewer
+    takes the median of every tier's samples together (on a new platform the first paid
+    jobs ran after a few enterprise ones: their own limit, ten minutes each, was a worse
+    guess than what the other tier's jobs ran); the late one, which holds preemptions
+    back, keeps `min_samples` of the tier's own."""
     by_tier: dict[str, list[float]] = {tier: [] for tier in TIERS}
+    pooled: list[float] = []
     for tier, ratio in ratios:
         by_tier.setdefault(tier, []).append(ratio)
+        pooled.append(ratio)
+    estimate_min = min(min_samples, ESTIMATE_MIN_SAMPLES)
+    pooled_typical, _ = observed_runtime_ratios(pooled, min_samples=estimate_min)
     result = {}
     for tier, sample in by_tier.items():
         typical, late = observed_runtime_ratios(sample, min_samples=min_samples)
-        if len(sample) < min_samples:
-            typical, _ = observed_runtime_ratios(
-                sample, min_samples=min(min_samples, ESTIMATE_MIN_SAMPLES)
-            )
+        if len(sample) < estimate_min:
+            typical = pooled_typical
+        elif len(sample) < min_samples:
+            typical, _ = observed_runtime_ratios(sample, min_samples=estimate_min)
         result[tier] = (typical, late)
     return result
 
