@@ -149,6 +149,16 @@ def test_a_trace_fitted_to_the_window_keeps_every_row_and_a_given_speedup_counts
     assert "4 rows after the window left out" in given.notes[0], given.notes
 
 
+def test_on_a_one_gpu_pool_every_bursty_job_fits_and_starts():
+    # The pool of the issue: one node with one H100. The generator's 2-GPU requests and
+    # its jobs for the premium type must not ask for what the pool lacks.
+    report = run_scenario("bursty", ["fair"], gpus=1)
+    assert [t.name for t in report.fleet.gpu_types] == ["H100"]
+    [result] = report.results
+    assert result.jobs and all(record.first_start is not None for record in result.jobs)
+    assert any("given 1" in note for note in report.notes), report.notes
+
+
 def test_a_trace_of_only_submit_and_duration_runs_as_one_paid_org(tmp_path):
     trace = tmp_path / "bare.csv"
     trace.write_text("submit_s,duration_s\n" + "".join(f"{i},{30 + i}\n" for i in range(20)))
@@ -166,7 +176,7 @@ def synthetic_trace_script():
 
 def test_the_synthetic_traces_replay_whole_in_the_shapes_they_promise(tmp_path):
     script = synthetic_trace_script()
-    gpu_types = synthetic_fleet(8).gpu_types
+    gpu_types = synthetic_fleet(16).gpu_types  # both types the traces name
     shapes = (
         ("heavy-tenants", 8000, 4, 0.5, {1, 2, 4, 8}),
         ("short-requests", 26_000, 10, 0.3, {1}),
@@ -439,6 +449,8 @@ def test_a_policy_option_changes_the_fair_policy_and_a_bad_one_is_refused(capsys
                 *base,
                 "--policy-option",
                 'preemption_wait_s={"enterprise": null, "paid": null, "free": null}',
+                "--policy-option",
+                "reclaim_wait_s=1e9",  # nor may a tier take back GPUs another borrows
             ]
         )
         == 0

@@ -47,12 +47,15 @@ class FleetModel:
 
 
 def synthetic_fleet(total_gpus: int, h100_share: float = 0.4, gpus_per_node: int = 8) -> FleetModel:
-    """Nodes of `gpus_per_node` GPUs, about `h100_share` of them H100 (80 GB), the rest
-    A100 (40 GB). The last node is smaller if `total_gpus` is not a multiple."""
+    """Nodes of `gpus_per_node` GPUs, about `h100_share` of them H100 (80 GB) and at least
+    the first, the rest A100 (40 GB). The last node is smaller if `total_gpus` is not a
+    multiple. Its GPU types are those its nodes have: a workload drawn for a type the
+    fleet lacks (an 80 GB job on a node of A100s) would wait for ever."""
     if total_gpus < 1:
         raise ValueError("a fleet needs at least one GPU")
     node_count = -(-total_gpus // gpus_per_node)
-    h100_nodes = round(node_count * h100_share)
+    # One node is an H100, as the issue's one-GPU pool; 2+ nodes keep about the share.
+    h100_nodes = max(1, round(node_count * h100_share))
     nodes = []
     remaining = total_gpus
     for i in range(node_count):
@@ -60,7 +63,10 @@ def synthetic_fleet(total_gpus: int, h100_share: float = 0.4, gpus_per_node: int
         remaining -= size
         kind = "H100" if i < h100_nodes else "A100"
         nodes.append((f"{kind.lower()}-{i:04d}", (kind,) * size))
-    return FleetModel(gpu_types=(H100, A100), nodes=tuple(nodes))
+    present = {kind for _, kinds in nodes for kind in kinds}
+    return FleetModel(
+        gpu_types=tuple(t for t in (H100, A100) if t.name in present), nodes=tuple(nodes)
+    )
 
 
 def fleet_of_types(total_gpus: int, names: list[str], gpus_per_node: int = 8) -> FleetModel:

@@ -125,18 +125,22 @@ def build_workload(
     trace_max_work_s: float = 3600.0,
 ) -> workload.Workload:
     types, total = fleet.gpu_types, fleet.total_gpus
-    if scenario == "bursty":
-        return workload.bursty(types, total, duration_s, seed, load=overload)
-    if scenario == "steady":
-        return workload.steady(types, total, duration_s, seed, overload)
-    if scenario == "flood":
-        return workload.flood(types, total, duration_s, seed, flood_jobs, overload=overload)
-    if scenario == "spike":
-        return workload.spike(types, total, duration_s, seed, overload=overload)
+    largest_node = max((len(gpus) for _, gpus in fleet.nodes), default=0)
+    synthetic = {
+        "bursty": lambda: workload.bursty(types, total, duration_s, seed, load=overload),
+        "steady": lambda: workload.steady(types, total, duration_s, seed, overload),
+        "flood": lambda: workload.flood(
+            types, total, duration_s, seed, flood_jobs, overload=overload
+        ),
+        "spike": lambda: workload.spike(types, total, duration_s, seed, overload=overload),
+    }
+    if scenario in synthetic:
+        # A job wider than every node would wait for ever: on a small pool (one GPU, or
+        # a node of four) the generators' wider jobs take the largest node instead.
+        return synthetic[scenario]().fitted_to(largest_node)
     if scenario == "trace":
         if not trace_path:
             raise ValueError("the trace scenario needs a trace CSV (--trace PATH)")
-        largest_node = max((len(gpus) for _, gpus in fleet.nodes), default=0)
         return workload.trace(
             trace_path,
             types,

@@ -88,6 +88,21 @@ class Workload:
         span = (end - start) * total_gpus
         return self.offered_gpu_seconds(start, end) / span if span > 0 else 0.0
 
+    def fitted_to(self, largest_node: int) -> Workload:
+        """This workload with each job asking for at most `largest_node` GPUs (a job no
+        node can hold would wait for ever), the number narrowed said in the notes."""
+        narrowed = 0
+        for job in self.jobs:
+            if job.gpu_count > largest_node:
+                job.gpu_count = largest_node
+                narrowed += 1
+        if narrowed:
+            self.notes.append(
+                f"{narrowed} jobs asking for more GPUs than the largest node ({largest_node}) "
+                f"given {largest_node}"
+            )
+        return self
+
 
 def mean_gpu_seconds_per_job() -> float:
     mean_gpus = sum(count * weight for count, weight in GPU_COUNT_WEIGHTS.items())
