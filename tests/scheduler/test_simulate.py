@@ -14,6 +14,7 @@ from apps.scheduler.simulate import (
     POLICIES,
     Simulation,
     SimulationError,
+    fleet_from_file,
     jain_index,
     run_scenario,
     summarize,
@@ -100,6 +101,27 @@ def test_a_trace_replays_on_a_fleet_file(tmp_path):
     assert report.fleet.total_gpus == 12
     assert any("dropped" in note for note in report.notes)
     assert all(s.started > 0 for s in report.summaries)
+
+
+def test_a_fleet_file_type_without_a_node_draws_no_jobs(tmp_path):
+    # The workload is drawn for the fleet's types: a declared type no node has would
+    # only make jobs that wait for ever.
+    fleet_file = tmp_path / "fleet.json"
+    fleet_file.write_text(
+        json.dumps(
+            {
+                "gpu_types": {
+                    "T4": {"memory_gb": 16, "price_per_gpu_hour": 400_000},
+                    "A100": {"memory_gb": 40, "price_per_gpu_hour": 2_500_000},
+                },
+                "nodes": [{"name": "t4-a", "gpus": [{"type": "T4"}] * 2}],
+            }
+        )
+    )
+    assert [t.name for t in fleet_from_file(fleet_file).gpu_types] == ["T4"]
+    report = run_scenario("bursty", ["fair"], fleet_file=fleet_file, duration_s=1800.0)
+    [result] = report.results
+    assert all(record.first_start is not None for record in result.jobs)
 
 
 def test_a_trace_written_by_another_tool_replays_its_usable_rows_and_counts_the_rest(tmp_path):

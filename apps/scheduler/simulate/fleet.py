@@ -91,9 +91,12 @@ def fleet_of_types(total_gpus: int, names: list[str], gpus_per_node: int = 8) ->
 
 def fleet_from_file(path: str | Path) -> FleetModel:
     spec = read_fleet_file(path)
+    nodes = tuple((name, tuple(kind for kind, _ in gpus)) for name, gpus in spec.nodes)
+    present = {kind for _, kinds in nodes for kind in kinds}
+    # A type no node has would only draw jobs that wait for ever (see synthetic_fleet).
     gpu_types = tuple(
         GpuType(name, memory_gb=memory, price_per_gpu_hour=price)
         for name, (memory, price) in spec.gpu_types.items()
+        if name in present
     )
-    nodes = tuple((name, tuple(kind for kind, _ in gpus)) for name, gpus in spec.nodes)
     return FleetModel(gpu_types=gpu_types, nodes=nodes)
