@@ -89,8 +89,8 @@ class Workload:
         return self.offered_gpu_seconds(start, end) / span if span > 0 else 0.0
 
     def fitted_to(self, largest_node: int) -> Workload:
-        """This workload with each job asking for at most `largest_node` GPUs (a job no
-        node can hold would wait for ever), the number narrowed said in the notes."""
+        """Narrows, in place, each job to at most `largest_node` GPUs (a job no node can
+        hold would wait for ever) and says in the notes how many; returns the workload."""
         narrowed = 0
         for job in self.jobs:
             if job.gpu_count > largest_node:
