@@ -70,21 +70,32 @@ def test_spike_adds_a_burst_of_arrivals():
     assert sum(s.admitted + s.rejected for s in report.summaries) > len(plain.jobs)
 
 
-def test_a_trace_replays_on_a_fleet_file(tmp_path):
-    fleet_file = tmp_path / "fleet.json"
-    fleet_file.write_text(
+GPU_TYPES_OF_FLEET_FILES = {
+    "T4": {"memory_gb": 16, "price_per_gpu_hour": 400_000},
+    "V100": {"memory_gb": 32, "price_per_gpu_hour": 1_500_000},
+    "A100": {"memory_gb": 40, "price_per_gpu_hour": 2_500_000},
+}
+
+
+def write_fleet_file(path, types: list[str], nodes: dict[str, tuple[str, int]]):
+    """A GANTRY_FLEET_FILE declaring `types`, with nodes name -> (GPU type, GPUs)."""
+    path.write_text(
         json.dumps(
             {
-                "gpu_types": {
-                    "T4": {"memory_gb": 16, "price_per_gpu_hour": 400_000},
-                    "V100": {"memory_gb": 32, "price_per_gpu_hour": 1_500_000},
-                },
+                "gpu_types": {name: GPU_TYPES_OF_FLEET_FILES[name] for name in types},
                 "nodes": [
-                    {"name": "t4-a", "gpus": [{"type": "T4"}] * 4},
-                    {"name": "v100-a", "gpus": [{"type": "V100"}] * 8},
+                    {"name": name, "gpus": [{"type": kind}] * count}
+                    for name, (kind, count) in nodes.items()
                 ],
             }
         )
+    )
+    return path
+
+
+def test_a_trace_replays_on_a_fleet_file(tmp_path):
+    fleet_file = write_fleet_file(
+        tmp_path / "fleet.json", ["T4", "V100"], {"t4-a": ("T4", 4), "v100-a": ("V100", 8)}
     )
     trace = tmp_path / "trace.csv"
     rows = ["submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible"]
@@ -106,18 +117,7 @@ def test_a_trace_replays_on_a_fleet_file(tmp_path):
 def test_a_fleet_file_type_without_a_node_draws_no_jobs(tmp_path):
     # The workload is drawn for the fleet's types: a declared type no node has would
     # only make jobs that wait for ever.
-    fleet_file = tmp_path / "fleet.json"
-    fleet_file.write_text(
-        json.dumps(
-            {
-                "gpu_types": {
-                    "T4": {"memory_gb": 16, "price_per_gpu_hour": 400_000},
-                    "A100": {"memory_gb": 40, "price_per_gpu_hour": 2_500_000},
-                },
-                "nodes": [{"name": "t4-a", "gpus": [{"type": "T4"}] * 2}],
-            }
-        )
-    )
+    fleet_file = write_fleet_file(tmp_path / "fleet.json", ["T4", "A100"], {"t4-a": ("T4", 2)})
     assert [t.name for t in fleet_from_file(fleet_file).gpu_types] == ["T4"]
     report = run_scenario("bursty", ["fair"], fleet_file=fleet_file, duration_s=1800.0)
     [result] = report.results
