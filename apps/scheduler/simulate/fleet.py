@@ -49,8 +49,7 @@ class FleetModel:
 def synthetic_fleet(total_gpus: int, h100_share: float = 0.4, gpus_per_node: int = 8) -> FleetModel:
     """Nodes of `gpus_per_node` GPUs, about `h100_share` of them H100 (80 GB) and at least
     the first, the rest A100 (40 GB). The last node is smaller if `total_gpus` is not a
-    multiple. Its GPU types are those its nodes have: a workload drawn for a type the
-    fleet lacks (an 80 GB job on a node of A100s) would wait for ever."""
+    multiple. Its GPU types are those its nodes have (`_fleet_of_its_nodes_types`)."""
     if total_gpus < 1:
         raise ValueError("a fleet needs at least one GPU")
     node_count = -(-total_gpus // gpus_per_node)
@@ -63,10 +62,7 @@ def synthetic_fleet(total_gpus: int, h100_share: float = 0.4, gpus_per_node: int
         remaining -= size
         kind = "H100" if i < h100_nodes else "A100"
         nodes.append((f"{kind.lower()}-{i:04d}", (kind,) * size))
-    present = {kind for _, kinds in nodes for kind in kinds}
-    return FleetModel(
-        gpu_types=tuple(t for t in (H100, A100) if t.name in present), nodes=tuple(nodes)
-    )
+    return _fleet_of_its_nodes_types((H100, A100), tuple(nodes))
 
 
 def fleet_of_types(total_gpus: int, names: list[str], gpus_per_node: int = 8) -> FleetModel:
@@ -92,11 +88,16 @@ def fleet_of_types(total_gpus: int, names: list[str], gpus_per_node: int = 8) ->
 def fleet_from_file(path: str | Path) -> FleetModel:
     spec = read_fleet_file(path)
     nodes = tuple((name, tuple(kind for kind, _ in gpus)) for name, gpus in spec.nodes)
-    present = {kind for _, kinds in nodes for kind in kinds}
-    # A type no node has would only draw jobs that wait for ever (see synthetic_fleet).
     gpu_types = tuple(
         GpuType(name, memory_gb=memory, price_per_gpu_hour=price)
         for name, (memory, price) in spec.gpu_types.items()
-        if name in present
     )
-    return FleetModel(gpu_types=gpu_types, nodes=nodes)
+    return _fleet_of_its_nodes_types(gpu_types, nodes)
+
+
+def _fleet_of_its_nodes_types(gpu_types, nodes) -> FleetModel:
+    """The fleet of `nodes` with only those of `gpu_types` its nodes have: a workload is
+    drawn for the fleet's types, and one drawn for a type no node has (an 80 GB job on a
+    node of A100s) would only wait for ever."""
+    present = {kind for _, kinds in nodes for kind in kinds}
+    return FleetModel(gpu_types=tuple(t for t in gpu_types if t.name in present), nodes=nodes)

@@ -126,18 +126,6 @@ def build_workload(
 ) -> workload.Workload:
     types, total = fleet.gpu_types, fleet.total_gpus
     largest_node = max((len(gpus) for _, gpus in fleet.nodes), default=0)
-    synthetic = {
-        "bursty": lambda: workload.bursty(types, total, duration_s, seed, load=overload),
-        "steady": lambda: workload.steady(types, total, duration_s, seed, overload),
-        "flood": lambda: workload.flood(
-            types, total, duration_s, seed, flood_jobs, overload=overload
-        ),
-        "spike": lambda: workload.spike(types, total, duration_s, seed, overload=overload),
-    }
-    if scenario in synthetic:
-        # A job wider than every node would wait for ever: on a small pool (one GPU, or
-        # a node of four) the generators' wider jobs take the largest node instead.
-        return synthetic[scenario]().fitted_to(largest_node)
     if scenario == "trace":
         if not trace_path:
             raise ValueError("the trace scenario needs a trace CSV (--trace PATH)")
@@ -149,7 +137,19 @@ def build_workload(
             trace_max_work_s,
             max_gpus_per_job=largest_node,
         )
-    raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    if scenario == "bursty":
+        load = workload.bursty(types, total, duration_s, seed, load=overload)
+    elif scenario == "steady":
+        load = workload.steady(types, total, duration_s, seed, overload)
+    elif scenario == "flood":
+        load = workload.flood(types, total, duration_s, seed, flood_jobs, overload=overload)
+    elif scenario == "spike":
+        load = workload.spike(types, total, duration_s, seed, overload=overload)
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    # A job wider than every node would wait for ever: on a small pool (one GPU, or a
+    # node of four) the generators' wider jobs take the largest node instead.
+    return load.fitted_to(largest_node)
 
 
 def run_scenario(
