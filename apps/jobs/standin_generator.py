@@ -41,12 +41,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import json
 import math
 import os
 import signal
 import sys
 import time
+import traceback
 
 OUTPUT_NAME = "output.gif"
 CHECKPOINT_NAME = "checkpoint.json"
@@ -317,8 +319,6 @@ def render_frames(params: dict) -> list:
 
 
 def encode_gif(frames: list) -> bytes:
-    import io
-
     buf = io.BytesIO()
     frames[0].save(
         buf,
@@ -440,8 +440,6 @@ def main(argv: list[str] | None = None) -> int:
         err(f"error: invalid params: {exc}")
         return EXIT_BAD_INPUT
     except Exception:
-        import traceback
-
         traceback.print_exc()
         sys.stderr.flush()
         return EXIT_CRASH

@@ -11,6 +11,7 @@ from apps.core.clock import db_now
 from apps.core.errors import Conflict, GantryError
 from apps.ledger.metrics import count
 from apps.ledger.models import Account, Bucket, BucketKind, EntryKind
+from apps.ledger.selectors import grant_totals
 from apps.ledger.services._statements import Changes
 from apps.ledger.services._transaction import LedgerTransaction, ledger_setting
 from apps.ledger.services._validation import check_scope, positive_amount
@@ -130,8 +131,6 @@ def split_evenly(amount: int, parts: int) -> list[int]:
 
 
 def _replay(bucket: Bucket, request: dict) -> Bucket:
-    from apps.ledger.selectors import grant_totals  # selectors import the services
-
     same = (
         grant_totals(bucket).granted == request["amount"]
         and bucket.kind == request["kind"]
