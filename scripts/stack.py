@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -480,7 +480,7 @@ def platform_processes(
             flower_process(port=flower_port, url_prefix=env.get("GANTRY_FLOWER_URL_PREFIX", ""))
         ),
     }
-    pools = gpu_pools(node_queues(env), limit=local_gpu_pools(env))
+    pools = gpu_pools(node_queues(env), limit=local_gpu_pools(env), taken=processes)
     for offset, pool in enumerate(pools, start=1):
         processes[pool.name] = pool_process(pool, port=metrics_port_base + offset)
     return processes
@@ -529,15 +529,16 @@ def pools_for_new_nodes(
     if not new:
         return []
     workers = sum(1 for process in table.values() if process.nodes)
+    taken = set(table)
     if workers + len(new) <= limit:
-        return [GpuPool(f"worker-{name}", f"{name}@%h", (name,), gpus) for name, gpus in new]
+        return [_named_pool(name, (name,), gpus, taken) for name, gpus in new]
     number = 1 + sum(1 for name in table if name.startswith("worker-added-"))
     return [
-        GpuPool(
-            f"worker-added-{number}",
-            f"added-{number}@%h",
+        _named_pool(
+            f"added-{number}",
             tuple(name for name, _gpus in new),
             sum(gpus for _name, gpus in new),
+            taken,
         )
     ]
 
@@ -554,7 +555,9 @@ class GpuPool:
     slots: int  # run slots: the nodes' GPUs
 
 
-def gpu_pools(nodes: list[tuple[str, int]], *, limit: int) -> list[GpuPool]:
+def gpu_pools(
+    nodes: list[tuple[str, int]], *, limit: int, taken: Iterable[str] = ()
+) -> list[GpuPool]:
     """The GPU-pool workers that serve `nodes` ((name, GPUs), in order) on this host.
 
     One per node, as on real GPU hosts, up to `limit` nodes. A larger fleet (the trace's
@@ -562,9 +565,11 @@ def gpu_pools(nodes: list[tuple[str, int]], *, limit: int) -> list[GpuPool]:
     about 100 MB, and exhaust the host: its nodes are split into `limit` runs of
     consecutive nodes with about as many GPUs each, one worker consuming each run's
     queues (a worker pulses for every node whose queue it consumes, and the dispatcher
-    decides which GPUs a job gets, so a worker may serve several nodes)."""
+    decides which GPUs a job gets, so a worker may serve several nodes). `taken`: the
+    process names the pools must not take (see `_named_pool`)."""
+    taken = set(taken)
     if len(nodes) <= limit:
-        return [GpuPool(f"worker-{name}", f"{name}@%h", (name,), gpus) for name, gpus in nodes]
+        return [_named_pool(name, (name,), gpus, taken) for name, gpus in nodes]
     total = sum(gpus for _name, gpus in nodes)
     pools: list[GpuPool] = []
     run: list[tuple[str, int]] = []
@@ -575,19 +580,28 @@ def gpu_pools(nodes: list[tuple[str, int]], *, limit: int) -> list[GpuPool]:
         left_nodes, left_pools = len(nodes) - index - 1, limit - len(pools) - 1
         # Close the run at its share of the GPUs, or when the nodes left only fill the rest.
         if left_pools and (done >= total * (len(pools) + 1) / limit or left_nodes == left_pools):
-            pools.append(_pool(len(pools) + 1, run))
+            pools.append(_run_pool(len(pools) + 1, run, taken))
             run = []
-    pools.append(_pool(len(pools) + 1, run))
+    pools.append(_run_pool(len(pools) + 1, run, taken))
     return pools
 
 
-def _pool(number: int, run: list[tuple[str, int]]) -> GpuPool:
-    return GpuPool(
-        f"worker-pool-{number}",
-        f"pool-{number}@%h",
-        tuple(name for name, _gpus in run),
-        sum(gpus for _name, gpus in run),
-    )
+def _run_pool(number: int, run: list[tuple[str, int]], taken: set[str]) -> GpuPool:
+    nodes = tuple(name for name, _gpus in run)
+    return _named_pool(f"pool-{number}", nodes, sum(gpus for _name, gpus in run), taken)
+
+
+def _named_pool(name: str, nodes: tuple[str, ...], slots: int, taken: set[str]) -> GpuPool:
+    """The pool `worker-<name>` (Celery worker `<name>@%h`), or `worker-<name>-2`, -3 ...
+    where that process name is taken: a node may be named like one of the platform's
+    own processes (a node `control` would have replaced the control worker, and with it
+    every dispatch tick) or like a numbered pool. Adds the name it gives to `taken`."""
+    program, number = f"worker-{name}", 1
+    while program in taken:
+        number += 1
+        program = f"worker-{name}-{number}"
+    taken.add(program)
+    return GpuPool(program, f"{program.removeprefix('worker-')}@%h", nodes, slots)
 
 
 def prepare_metrics(processes: dict[str, Process], *, api_port: int, flower_port: int) -> None:

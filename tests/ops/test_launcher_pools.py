@@ -113,6 +113,52 @@ def test_nodes_added_later_get_a_worker_each_then_one_for_a_batch_past_the_limit
     assert (batch.name, batch.nodes, batch.slots) == ("worker-added-1", ("d", "e"), 16)
 
 
+def test_a_node_named_like_the_control_worker_gets_a_pool_of_its_own_beside_it(monkeypatch):
+    # A node `control` once took the name `worker-control` and replaced the control
+    # worker in the process table: the platform ran without dispatch ticks.
+    monkeypatch.setattr(stack_py, "node_queues", lambda env: [("control", 1), ("a100-1", 4)])
+    processes = stack_py.platform_processes(
+        {"DATABASE_URL": "postgres:///unused"}, api_port=0, flower_port=0, metrics_port_base=0
+    )
+    control = processes["worker-control"].argv
+    assert control[control.index("--queues") + 1] == "control"
+    assert control[control.index("--hostname") + 1] == "control@%h"
+    node = processes["worker-control-2"]
+    assert node.nodes == ("control",)
+    assert node.argv[node.argv.index("--queues") + 1] == "node.control"
+    assert node.argv[node.argv.index("--hostname") + 1] == "control-2@%h"
+    assert processes["worker-a100-1"].nodes == ("a100-1",)
+    hostnames = [
+        p.argv[p.argv.index("--hostname") + 1] for p in processes.values() if "--hostname" in p.argv
+    ]
+    assert len(hostnames) == len(set(hostnames)) == 3
+
+
+def test_a_node_added_later_under_a_taken_name_gets_the_next_free_one():
+    table = {
+        "worker-control": stack_py.Process(["celery", "--queues", "control"]),
+        "worker-added-1": stack_py.Process(["celery", "--queues", "node.x"], nodes=("x",)),
+    }
+    [control] = stack_py.pools_for_new_nodes(table, [("x", 1), ("control", 2)], limit=8)
+    assert (control.name, control.hostname, control.nodes) == (
+        "worker-control-2",
+        "control-2@%h",
+        ("control",),
+    )
+    # Past the limit, the first batch would be `worker-added-2` after one pool counted
+    # as added; a node named `added-2` has that name already.
+    table = {
+        "worker-control": stack_py.Process(["celery", "--queues", "control"]),
+        "worker-added-2": stack_py.Process(["celery"], nodes=("added-2",)),
+    }
+    [batch] = stack_py.pools_for_new_nodes(table, [("y", 1), ("z", 1)], limit=2)
+    assert (batch.name, batch.hostname, batch.nodes) == (
+        "worker-added-2-2",
+        "added-2-2@%h",
+        ("y", "z"),
+    )
+
+
 @pytest.mark.django_db
 def test_the_launchers_fleet_query_reads_what_manage_py_fleet_nodes_prints():
     NodeFactory(name="zeta", gpus=2)
