@@ -335,6 +335,12 @@ GANTRY_DISPATCH_INTERVAL_S = env.float("GANTRY_DISPATCH_INTERVAL_S", default=1.0
 # How often a tick also explains the queue (each waiting job's position, reason and
 # estimated start, published for its tenant); entries expire after a few of these.
 GANTRY_QUEUE_STATE_INTERVAL_S = env.float("GANTRY_QUEUE_STATE_INTERVAL_S", default=5.0)
+# A tick applies its decisions for at most this long (at least one); the rest are decided
+# again by a round that starts at once, with what was submitted meanwhile. A burst's
+# hundreds of placements (10-150 ms each, the higher on a host busy running them) then
+# keep a job that arrives during them (an enterprise job behind paid ones) waiting about
+# this long, not for the whole burst.
+GANTRY_DISPATCH_APPLY_BUDGET_S = env.float("GANTRY_DISPATCH_APPLY_BUDGET_S", default=2.0)
 # A placed attempt must be claimed by its node's worker within this, else it is requeued.
 GANTRY_SCHEDULING_LEASE_S = env.int("GANTRY_SCHEDULING_LEASE_S", default=60)
 # An attempt still unclaimed this long after placement gets its run message re-sent.

@@ -25,6 +25,7 @@ from tests.scheduler.factories import (
     H100_PRICE,
     JobFactory,
     NodeFactory,
+    dispatch_ticks,
     live_attempt,
     queued_since,
     start_attempt,
@@ -179,6 +180,42 @@ def test_when_gpus_run_out_the_rest_stays_queued():
     statuses = Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
     assert sorted(statuses) == ["queued"] * 3 + ["scheduled"] * 2
     assert run_dispatch_tick().placed == 0  # nothing freed: nothing placed
+
+
+def test_a_tick_past_its_apply_budget_leaves_the_rest_to_a_round_sent_at_once(
+    settings, control_queue
+):
+    settings.GANTRY_DISPATCH_APPLY_BUDGET_S = 0  # every tick applies its first decision only
+    NodeFactory(gpus=4)
+    jobs = [JobFactory() for _ in range(3)]
+
+    first = run_dispatch_tick()
+
+    assert (first.placed, first.deferred) == (1, 2)
+    assert DispatchDecision.objects.count() == 1  # what was not applied left no row
+    assert len(dispatch_ticks(control_queue)) == 1  # the next round is on its way
+    assert [run_dispatch_tick().placed for _ in range(3)] == [1, 1, 0]
+    statuses = Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
+    assert list(statuses) == [JobStatus.SCHEDULED] * 3
+
+
+def test_an_enterprise_job_submitted_while_a_paid_burst_is_placed_goes_first_in_the_next_round(
+    settings,
+):
+    settings.GANTRY_DISPATCH_APPLY_BUDGET_S = 0
+    NodeFactory(gpus=8)
+    paid = OrgFactory(tier=Tier.PAID)
+    burst = [queued_since(60 - i, org=paid) for i in range(6)]
+    assert run_dispatch_tick().placed == 1  # the rest of the burst waits for the next round
+
+    urgent = JobFactory(org=OrgFactory(tier=Tier.ENTERPRISE))
+    second = run_dispatch_tick()
+
+    assert second.placed == 1
+    urgent.refresh_from_db()
+    assert urgent.status == JobStatus.SCHEDULED
+    waiting = Job.objects.filter(pk__in=[j.pk for j in burst], status=JobStatus.QUEUED)
+    assert waiting.count() == 5
 
 
 def test_snapshot_reads_the_fleet_queue_and_allocations_in_a_fixed_number_of_queries(

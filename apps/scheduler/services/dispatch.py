@@ -70,6 +70,7 @@ class TickResult:
     ran: bool  # False: another dispatcher held the lock
     queued_loaded: int = 0
     decisions: list[AppliedDecision] = field(default_factory=list)
+    deferred: int = 0  # decisions past the apply budget: the next round decides them again
 
     def count(self, kind: str, outcome: str = DecisionOutcome.APPLIED) -> int:
         return sum(1 for d in self.decisions if d.kind == kind and d.outcome == outcome)
@@ -95,7 +96,9 @@ def run_dispatch_tick() -> TickResult:
     ends, unless it has ended already); each decision is applied all-or-nothing in its
     own transaction, and a placement's run message is published only after it
     committed; every decision, applied or skipped, leaves a DispatchDecision row with
-    the policy's reason.
+    the policy's reason. Decisions still unapplied when GANTRY_DISPATCH_APPLY_BUDGET_S
+    has passed are dropped (no row) and the next round, which starts at once, decides
+    them again: any prefix of a round's decisions is itself a valid round.
     """
     result = _round_if_free()
     if result is None:
@@ -129,7 +132,12 @@ def _round_if_free() -> TickResult | None:
         decisions = round_.decisions
         metrics.POLICY_SECONDS.observe(time.perf_counter() - policy_started)
         result = TickResult(ran=True, queued_loaded=snapshot.queued_loaded)
-        result.decisions = apply_decisions(decisions, tick=uuid.uuid4())
+        result.decisions = apply_decisions(
+            decisions, tick=uuid.uuid4(), budget_s=settings.GANTRY_DISPATCH_APPLY_BUDGET_S
+        )
+        result.deferred = len(decisions) - len(result.decisions)
+        if result.deferred:
+            wakeup.ask_for_another_round()  # run_dispatch_tick sends it as this one ends
         if explain:
             publish_queue_states(round_.waiting)
         _report_queue_depth(snapshot, result)
@@ -137,7 +145,9 @@ def _round_if_free() -> TickResult | None:
             snapshot.cluster,
             [
                 decision
-                for decision, outcome in zip(decisions, result.decisions, strict=True)
+                for decision, outcome in zip(
+                    decisions[: len(result.decisions)], result.decisions, strict=True
+                )
                 if isinstance(decision, Place) and outcome.outcome == DecisionOutcome.APPLIED
             ],
         )
@@ -145,10 +155,12 @@ def _round_if_free() -> TickResult | None:
     metrics.TICK_SECONDS.observe(time.perf_counter() - started)
     if result.decisions:
         logger.info(
-            "dispatch tick: %d placed, %d preempted, %d skipped of %d queued loaded",
+            "dispatch tick: %d placed, %d preempted, %d skipped, %d left to the next round"
+            " of %d queued loaded",
             result.placed,
             result.preempted,
             result.skipped,
+            result.deferred,
             result.queued_loaded,
         )
     return result
@@ -207,10 +219,17 @@ def dispatcher_lock():
     return locks.try_session_lock(DISPATCH_LOCK_KEY)
 
 
-def apply_decisions(decisions: list[Decision], *, tick: uuid.UUID) -> list[AppliedDecision]:
-    """Apply each decision in its own transaction; a refused one is skipped, not fatal."""
+def apply_decisions(
+    decisions: list[Decision], *, tick: uuid.UUID, budget_s: float | None = None
+) -> list[AppliedDecision]:
+    """Apply each decision in its own transaction, in the policy's order; a refused one is
+    skipped, not fatal. With `budget_s`, stop before the next decision once that long has
+    passed (the first is always applied): the outcomes returned are those of a prefix."""
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     applied = []
     for decision in decisions:
+        if deadline is not None and applied and time.monotonic() >= deadline:
+            break
         # Lines about this decision name its job, not the request that woke the tick.
         job_id = decision.for_job_id if isinstance(decision, Preempt) else decision.job_id
         with job_log_context(job_id=job_id, request_id=None):
