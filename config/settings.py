@@ -337,7 +337,7 @@ GANTRY_DISPATCH_INTERVAL_S = env.float("GANTRY_DISPATCH_INTERVAL_S", default=1.0
 GANTRY_QUEUE_STATE_INTERVAL_S = env.float("GANTRY_QUEUE_STATE_INTERVAL_S", default=5.0)
 # A tick applies its decisions for at most this long (at least one); the rest are decided
 # again by a round that starts at once, with what was submitted meanwhile. A burst's
-# hundreds of placements (10-150 ms each, the higher on a host busy running them) then
+# hundreds of placements (100-170 ms each on a 2-core host busy running them) then
 # keep a job that arrives during them (an enterprise job behind paid ones) waiting about
 # this long, not for the whole burst.
 GANTRY_DISPATCH_APPLY_BUDGET_S = env.float("GANTRY_DISPATCH_APPLY_BUDGET_S", default=2.0)
