@@ -22,9 +22,11 @@ def org_for(principal, org_id) -> Org:
     return get_object_or_404(visible_orgs(principal), pk=org_id)
 
 
-def org_name(org_id) -> str:
-    """The org's name ('' when there is no such org)."""
-    return Org.objects.filter(pk=org_id).values_list("name", flat=True).first() or ""
+def org_names(org_ids) -> dict[str, str]:
+    """id (as a string) -> name of those of these orgs that exist, in one query."""
+    return {
+        str(pk): name for pk, name in Org.objects.filter(pk__in=org_ids).values_list("pk", "name")
+    }
 
 
 def projects_of(org: Org) -> QuerySet[Project]:

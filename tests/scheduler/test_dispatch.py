@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.db.models import F
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.accounts.models import Tier
@@ -14,8 +15,13 @@ from apps.fleet.services import drain_node
 from apps.jobs.models import Attempt, AttemptState, GpuAssignment, Job, JobEvent, JobStatus
 from apps.jobs.services import attempts
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
-from apps.scheduler.policy import Place
-from apps.scheduler.services.dispatch import apply_placement, run_dispatch_tick
+from apps.scheduler.policy import Place, schedule
+from apps.scheduler.services.dispatch import (
+    PLACEMENTS_PER_TRANSACTION,
+    apply_placement,
+    apply_placements,
+    run_dispatch_tick,
+)
 from apps.scheduler.services.recovery import requeue_attempt
 from apps.scheduler.services.snapshot import build_snapshot
 from tests.conftest import client_with
@@ -185,28 +191,33 @@ def test_when_gpus_run_out_the_rest_stays_queued():
 def test_a_tick_past_its_apply_budget_leaves_the_rest_to_a_round_sent_at_once(
     settings, control_queue
 ):
-    settings.GANTRY_DISPATCH_APPLY_BUDGET_S = 0  # every tick applies its first decision only
-    NodeFactory(gpus=4)
-    jobs = [JobFactory() for _ in range(3)]
+    settings.GANTRY_DISPATCH_APPLY_BUDGET_S = 0  # every tick applies its first group only
+    group = PLACEMENTS_PER_TRANSACTION
+    for _ in range(group // 8 + 1):
+        NodeFactory(gpus=8)
+    jobs = [JobFactory() for _ in range(group + 2)]
 
     first = run_dispatch_tick()
 
-    assert (first.placed, first.deferred) == (1, 2)
-    assert DispatchDecision.objects.count() == 1  # what was not applied left no row
+    assert (first.placed, first.deferred) == (group, 2)
+    assert DispatchDecision.objects.count() == group  # what was not applied left no row
     assert len(dispatch_ticks(control_queue)) == 1  # the next round is on its way
-    assert [run_dispatch_tick().placed for _ in range(3)] == [1, 1, 0]
+    assert [run_dispatch_tick().placed for _ in range(2)] == [2, 0]
     statuses = Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
-    assert list(statuses) == [JobStatus.SCHEDULED] * 3
+    assert list(statuses) == [JobStatus.SCHEDULED] * (group + 2)
 
 
 def test_an_enterprise_job_submitted_while_a_paid_burst_is_placed_goes_first_in_the_next_round(
     settings,
 ):
     settings.GANTRY_DISPATCH_APPLY_BUDGET_S = 0
-    NodeFactory(gpus=8)
+    group = PLACEMENTS_PER_TRANSACTION
+    for _ in range(group // 8):
+        NodeFactory(gpus=8)
+    NodeFactory(gpus=1)  # room for one more job than the first group places
     paid = OrgFactory(tier=Tier.PAID)
-    burst = [queued_since(60 - i, org=paid) for i in range(6)]
-    assert run_dispatch_tick().placed == 1  # the rest of the burst waits for the next round
+    burst = [queued_since(600 - i, org=paid) for i in range(group + 6)]
+    assert run_dispatch_tick().placed == group  # the rest of the burst waits for the next round
 
     urgent = JobFactory(org=OrgFactory(tier=Tier.ENTERPRISE))
     second = run_dispatch_tick()
@@ -215,7 +226,66 @@ def test_an_enterprise_job_submitted_while_a_paid_burst_is_placed_goes_first_in_
     urgent.refresh_from_db()
     assert urgent.status == JobStatus.SCHEDULED
     waiting = Job.objects.filter(pk__in=[j.pk for j in burst], status=JobStatus.QUEUED)
-    assert waiting.count() == 5
+    assert waiting.count() == 6
+
+
+def test_the_placements_of_a_round_are_written_together_in_as_many_statements_for_2_as_for_20():
+    for _ in range(3):
+        NodeFactory(gpus=8)
+
+    def statements_to_place(count: int) -> int:
+        jobs = [JobFactory() for _ in range(count)]
+        decisions = schedule(build_snapshot().cluster)
+        assert len(decisions) == count
+        with CaptureQueriesContext(connection) as queries:
+            outcomes = apply_placements(decisions, tick=uuid.uuid4())
+        assert [o.outcome for o in outcomes] == [DecisionOutcome.APPLIED] * count
+        statuses = Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
+        assert set(statuses) == {JobStatus.SCHEDULED}
+        assert Attempt.objects.filter(job__in=jobs).count() == count
+        assert GpuAssignment.objects.filter(attempt__job__in=jobs).count() == count
+        events = JobEvent.objects.filter(job__in=jobs, to_status=JobStatus.SCHEDULED)
+        assert events.count() == count
+        return len(queries)
+
+    assert statements_to_place(2) == statements_to_place(20)
+
+
+def test_a_refused_placement_sends_its_group_back_one_by_one_and_the_others_still_start():
+    node = NodeFactory(gpus=4)
+    jobs = [JobFactory() for _ in range(3)]
+    decisions = schedule(build_snapshot().cluster)
+    assert {d.job_id for d in decisions} == {str(j.pk) for j in jobs}
+    cancelled = jobs[1]
+    Job.objects.filter(pk=cancelled.pk).update(status=JobStatus.CANCELLED)  # after the round
+
+    outcomes = apply_placements(decisions, tick=uuid.uuid4())
+
+    by_job = {o.job_id: o for o in outcomes}
+    assert by_job[str(cancelled.pk)].outcome == DecisionOutcome.SKIPPED
+    assert "no longer queued" in by_job[str(cancelled.pk)].skip_reason
+    for job in (jobs[0], jobs[2]):
+        assert by_job[str(job.pk)].outcome == DecisionOutcome.APPLIED
+        assert Attempt.objects.get(job=job).node == node
+    assert not Attempt.objects.filter(job=cancelled).exists()
+    assert GpuAssignment.objects.count() == 2  # nothing of the refused group's first try
+
+
+def test_two_placements_of_one_group_on_the_same_gpu_start_one_job_and_skip_the_other():
+    node = NodeFactory(gpus=1)
+    first, second = JobFactory(), JobFactory()
+    gpu_id = node.gpus.get().pk
+    decisions = [
+        Place(job_id=str(job.pk), node=node.name, gpu_ids=(gpu_id,), gpu_type="H100", reason="x")
+        for job in (first, second)
+    ]
+
+    outcomes = apply_placements(decisions, tick=uuid.uuid4())
+
+    assert [o.outcome for o in outcomes] == [DecisionOutcome.APPLIED, DecisionOutcome.SKIPPED]
+    assert GpuAssignment.objects.get().attempt.job_id == first.pk
+    second.refresh_from_db()
+    assert second.status == JobStatus.QUEUED
 
 
 def test_snapshot_reads_the_fleet_queue_and_allocations_in_a_fixed_number_of_queries(

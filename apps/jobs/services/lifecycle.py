@@ -1,7 +1,8 @@
 """The job state machine: the only code that changes Job.status.
 
 Every transition is one guarded UPDATE of the job row plus one JobEvent, in one
-transaction, and nothing more: money and follow-ups (settling the hold, the webhook,
+transaction, and nothing more (`transition_many` moves several jobs with one UPDATE and
+one INSERT): money and follow-ups (settling the hold, the webhook,
 cancelling a job that comes back to the queue with a cancel pending) are the job-outcome
 service's (apps.jobs.services.outcomes), which every caller that ends or requeues a job
 goes through.
@@ -14,9 +15,12 @@ goes through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import transaction
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
 from apps.core.errors import Conflict
@@ -41,6 +45,18 @@ def sources_of(target: str) -> frozenset[str]:
     return frozenset(source for source, targets in ALLOWED.items() if target in targets)
 
 
+@dataclass(frozen=True)
+class Move:
+    """One job's part of `transition_many`: what `transition` takes for one job."""
+
+    job_id: Any
+    reason: str
+    public_reason: str = ""
+    attempt: Attempt | None = None
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] | None = None
+
+
 def transition(
     job_id,
     *,
@@ -63,36 +79,100 @@ def transition(
     must not move a job that is already `preempting`). `changes` are other job fields
     written by the same UPDATE. Runs in (or opens) a transaction; the job row is
     locked first, before any ledger row, which is the platform's lock order.
+    Returns the job as it now reads.
+    """
+    move = Move(
+        job_id=job_id,
+        reason=reason,
+        public_reason=public_reason,
+        attempt=attempt,
+        changes=changes or {},
+        data=data,
+    )
+    with transaction.atomic():
+        transition_many([move], to=to, actor=actor, only_from=only_from)
+        return Job.objects.get(pk=job_id)
+
+
+def transition_many(
+    moves: Sequence[Move], *, to: str, actor: str, only_from: Iterable[str] | None = None
+) -> None:
+    """Move every job of `moves` to `to`, all or none: if any job is missing
+    (Job.DoesNotExist) or not in a legal source status (IllegalTransition), raise and
+    change nothing.
+
+    The jobs are locked in primary-key order (the lock order of several jobs), then one
+    guarded UPDATE writes them all (each row only if still in a legal source status, the
+    row count checked) and one INSERT their events: a few statements whatever the number
+    of jobs. `only_from` and each move's fields mean what they mean to `transition`.
     """
     legal = sources_of(to)
     if only_from is not None:
         legal = legal & frozenset(only_from)
+    ids = [str(move.job_id) for move in moves]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a job moves at most once per call")
+    if not moves:
+        return
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.status not in legal:
-            raise IllegalTransition(
-                f"Job {job.id} is {job.status}; it cannot become {to}.", field="status"
-            )
-        fields = {"status": to, **(changes or {})}
+        was = {
+            str(pk): status
+            for pk, status in Job.objects.select_for_update()
+            .filter(pk__in=ids)
+            .order_by("pk")
+            .values_list("pk", "status")
+        }
+        for job_id in ids:
+            if job_id not in was:
+                raise Job.DoesNotExist(f"Job {job_id} does not exist.")
+            if was[job_id] not in legal:
+                raise IllegalTransition(
+                    f"Job {job_id} is {was[job_id]}; it cannot become {to}.", field="status"
+                )
+        fixed = {"status": to}
         if to in TERMINAL_STATUSES:
-            fields["finished_at"] = Now()
-        if to == S.QUEUED:
-            fields.setdefault("queued_at", Now())
-        updated = Job.objects.filter(pk=job.pk, status=job.status).update(**fields)
-        if updated != 1:  # cannot happen under the row lock; kept as the guard's proof
-            raise IllegalTransition(f"Job {job.id} changed concurrently.", field="status")
-        JobEvent.objects.create(
-            job=job,
-            attempt=attempt,
-            from_status=job.status,
-            to_status=to,
-            reason=reason,
-            actor=actor,
-            data=_with_public_reason(data, public_reason),
+            fixed["finished_at"] = Now()
+        defaults = {"queued_at": Now()} if to == S.QUEUED else {}
+        values = [{**defaults, **move.changes, **fixed} for move in moves]
+        columns = sorted({name for fields in values for name in fields})
+        updates = {}
+        for name in columns:
+            # A field that a move leaves alone keeps its value; one written alike for
+            # every job is one assignment, one that differs a CASE over the jobs.
+            per_job = [fields.get(name, F(name)) for fields in values]
+            if all(value == per_job[0] for value in per_job[1:]):
+                updates[name] = per_job[0]
+                continue
+            column = Job._meta.get_field(name)
+            updates[name] = Case(
+                *(
+                    When(
+                        pk=job_id,
+                        then=value
+                        if hasattr(value, "resolve_expression")
+                        else Value(value, output_field=column),
+                    )
+                    for job_id, value in zip(ids, per_job, strict=True)
+                ),
+                output_field=column,
+            )
+        updated = Job.objects.filter(pk__in=ids, status__in=legal).update(**updates)
+        if updated != len(moves):  # cannot happen under the row locks; the guard's proof
+            raise IllegalTransition(f"Jobs {', '.join(ids)} changed concurrently.", field="status")
+        JobEvent.objects.bulk_create(
+            JobEvent(
+                job_id=move.job_id,
+                attempt=move.attempt,
+                from_status=was[job_id],
+                to_status=to,
+                reason=move.reason,
+                actor=actor,
+                data=_with_public_reason(move.data, move.public_reason),
+            )
+            for move, job_id in zip(moves, ids, strict=True)
         )
-        streams.announce_job_changed(job.pk)
-        job.refresh_from_db()
-        return job
+        for move in moves:
+            streams.announce_job_changed(move.job_id)
 
 
 def record_event(

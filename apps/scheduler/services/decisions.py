@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import IntegrityError, OperationalError, connection, transaction
@@ -46,16 +47,25 @@ def claim_node(*, job_id, node_id: int, kind: str, record: DispatchDecision) -> 
 
 def node_for_share(name: str) -> tuple[int, str]:
     """Lock the node row FOR SHARE (a drain or removal waits for us, and we for it)."""
+    return nodes_for_share([name])[name]
+
+
+def nodes_for_share(names: Iterable[str]) -> dict[str, tuple[int, str]]:
+    """name -> (id, state) of these nodes, their rows locked FOR SHARE in id order (a
+    drain or removal waits for us, and we for it); Refused if one no longer exists."""
+    wanted = sorted(set(names))
     table = Node._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id, state FROM {table} WHERE name = %s FOR SHARE",  # noqa: S608
-            [name],
+            f"SELECT name, id, state FROM {table}"  # noqa: S608
+            " WHERE name = ANY(%s) ORDER BY id FOR SHARE",
+            [wanted],
         )
-        row = cursor.fetchone()
-    if row is None:
-        raise Refused(f"node {name} no longer exists")
-    return row[0], row[1]
+        found = {name: (node_id, state) for name, node_id, state in cursor.fetchall()}
+    for name in wanted:
+        if name not in found:
+            raise Refused(f"node {name} no longer exists")
+    return found
 
 
 # What makes a decision's guarded transaction give up: the decision is recorded as
