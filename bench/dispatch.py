@@ -33,6 +33,7 @@ import random
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,8 +166,6 @@ def finished_history(tenants, count: int, seed: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT id FROM scheduler_node ORDER BY id LIMIT 1")
         node = cursor.fetchone()[0]
-        cursor.execute("SELECT coalesce(max(fencing_token), 0) FROM jobs_attempt")
-        token = cursor.fetchone()[0]
         for start in range(0, len(rows), 5000):
             batch = rows[start : start + 5000]
             columns = [list(column) for column in zip(*batch, strict=True)]
@@ -198,7 +197,8 @@ def finished_history(tenants, count: int, seed: int) -> None:
                     lease_expires_at, worker, exit_class, error_message, checkpoint_ref,
                     gpu_ms, charged, created_at, started_at, finished_at)
                 SELECT gen_random_uuid(), r.id::uuid, r.org::uuid, 1, %s, 'H100', 0, '{0}',
-                       '0', %s + r.n, 'finished', now(), 'bench@history', 'succeeded', '',
+                       '0', nextval('scheduler_fencing_token_seq'), 'finished', now(),
+                       'bench@history', 'succeeded', '',
                        '', (r.ran * 1000)::bigint, 0,
                        now() - (r.ended + r.ran + 1) * interval '1 second',
                        now() - (r.ended + r.ran) * interval '1 second',
@@ -206,7 +206,7 @@ def finished_history(tenants, count: int, seed: int) -> None:
                   FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[])
                        WITH ORDINALITY AS r(id, org, ran, ended, n)
                 """,
-                [node, token + start, columns[0], columns[1], columns[5], columns[6]],
+                [node, columns[0], columns[1], columns[5], columns[6]],
             )
         cursor.execute("ANALYZE jobs_job")
         cursor.execute("ANALYZE jobs_attempt")
@@ -241,6 +241,7 @@ def time_tick(*, apply: bool = True) -> dict:
         "listed": snapshot.queued_loaded,
         "decisions": len(decisions),
         "applied": sum(1 for o in outcomes if o.outcome == "applied"),
+        "skipped": Counter(o.skip_reason for o in outcomes if o.outcome != "applied"),
         "read": read - started,
         "policy": decided - read,
         # the explaining round minus a deciding one: what explaining adds
@@ -341,6 +342,8 @@ def main(argv=None) -> int:
                     f"{t['publish'] * 1e3:>10.0f} {t['total'] * 1e3:>9.0f}",
                     flush=True,
                 )
+                for why, count in t["skipped"].most_common(3):  # a skip is not a placement
+                    print(f"{'':>8} skipped {count:,}: {why}", flush=True)
         if len(reads) > 1:
             small, large = min(reads), max(reads)
             print(
