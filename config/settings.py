@@ -336,7 +336,7 @@ GANTRY_DISPATCH_INTERVAL_S = env.float("GANTRY_DISPATCH_INTERVAL_S", default=1.0
 # estimated start, published for its tenant); entries expire after a few of these.
 GANTRY_QUEUE_STATE_INTERVAL_S = env.float("GANTRY_QUEUE_STATE_INTERVAL_S", default=5.0)
 # A tick applies its decisions for at most this long (at least one, or one group of up to
-# 32 placements); the rest are decided again by a round that starts at once, with what
+# 16 placements); the rest are decided again by a round that starts at once, with what
 # was submitted meanwhile. A burst's hundreds of placements (one at a time, 100-170 ms
 # each on a 2-core host busy running them; in groups about a fifth of that) then keep a
 # job that arrives during them (an enterprise job behind paid ones) waiting about this
