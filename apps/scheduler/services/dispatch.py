@@ -131,16 +131,19 @@ def _round_if_free() -> TickResult | None:
         wakeup.another_round_asked()
         drop_stale_claims()
         fold_ended_attempts()  # fair share sees every attempt that ended before this tick
+        read_started = time.perf_counter()
         snapshot = build_snapshot()
         policy_started = time.perf_counter()
         explain = _queue_states_due()
         round_ = schedule_round(snapshot.cluster, explain=explain)
         decisions = round_.decisions
-        metrics.POLICY_SECONDS.observe(time.perf_counter() - policy_started)
+        apply_started = time.perf_counter()
+        metrics.POLICY_SECONDS.observe(apply_started - policy_started)
         result = TickResult(ran=True, queued_loaded=snapshot.queued_loaded)
         result.decisions = apply_decisions(
             decisions, tick=uuid.uuid4(), budget_s=settings.GANTRY_DISPATCH_APPLY_BUDGET_S
         )
+        applied = time.perf_counter()
         result.deferred = len(decisions) - len(result.decisions)
         if result.deferred:
             wakeup.ask_for_another_round()  # run_dispatch_tick sends it as this one ends
@@ -158,16 +161,22 @@ def _round_if_free() -> TickResult | None:
             ],
         )
     metrics.TICKS.labels("ran").inc()
-    metrics.TICK_SECONDS.observe(time.perf_counter() - started)
+    ended = time.perf_counter()
+    metrics.TICK_SECONDS.observe(ended - started)
     if result.decisions:
         logger.info(
             "dispatch tick: %d placed, %d preempted, %d skipped, %d left to the next round"
-            " of %d queued loaded",
+            " of %d queued loaded; %.2f s (read %.2f, policy %.2f, apply %.2f, the rest %.2f)",
             result.placed,
             result.preempted,
             result.skipped,
             result.deferred,
             result.queued_loaded,
+            ended - started,
+            policy_started - read_started,
+            apply_started - policy_started,
+            applied - apply_started,
+            (read_started - started) + (ended - applied),
         )
     return result
 
