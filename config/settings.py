@@ -335,12 +335,12 @@ GANTRY_DISPATCH_INTERVAL_S = env.float("GANTRY_DISPATCH_INTERVAL_S", default=1.0
 # How often a tick also explains the queue (each waiting job's position, reason and
 # estimated start, published for its tenant); entries expire after a few of these.
 GANTRY_QUEUE_STATE_INTERVAL_S = env.float("GANTRY_QUEUE_STATE_INTERVAL_S", default=5.0)
-# A tick applies its decisions for at most this long (at least one, or one group of up to
-# 16 placements); the rest are decided again by a round that starts at once, with what
-# was submitted meanwhile. A burst's hundreds of placements (one at a time, 100-170 ms
-# each on a 2-core host busy running them; in groups about a fifth of that) then keep a
-# job that arrives during them (an enterprise job behind paid ones) waiting about this
-# long, not for the whole burst.
+# A tick applies its decisions for at most this long (at least one decision, or one group
+# of placements sized to fit what is left at the last group's pace); the rest are decided
+# again by a round that starts at once, with what was submitted meanwhile. A burst's
+# hundreds of placements (100-170 ms each on a 2-core host busy running them, alone or in
+# groups; 2-3 ms in groups on an idle one) then keep a job that arrives during them (an
+# enterprise job behind paid ones) waiting about this long, not for the whole burst.
 GANTRY_DISPATCH_APPLY_BUDGET_S = env.float("GANTRY_DISPATCH_APPLY_BUDGET_S", default=2.0)
 # A placed attempt must be claimed by its node's worker within this, else it is requeued.
 GANTRY_SCHEDULING_LEASE_S = env.int("GANTRY_SCHEDULING_LEASE_S", default=60)

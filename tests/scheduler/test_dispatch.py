@@ -17,7 +17,9 @@ from apps.jobs.services import attempts
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
 from apps.scheduler.policy import Place, schedule
 from apps.scheduler.services.dispatch import (
+    FIRST_GROUP,
     PLACEMENTS_PER_TRANSACTION,
+    _group_size,
     apply_placement,
     apply_placements,
     run_dispatch_tick,
@@ -192,32 +194,28 @@ def test_a_tick_past_its_apply_budget_leaves_the_rest_to_a_round_sent_at_once(
     settings, control_queue
 ):
     settings.GANTRY_DISPATCH_APPLY_BUDGET_S = 0  # every tick applies its first group only
-    group = PLACEMENTS_PER_TRANSACTION
-    for _ in range(group // 8 + 1):
-        NodeFactory(gpus=8)
-    jobs = [JobFactory() for _ in range(group + 2)]
+    NodeFactory(gpus=8)
+    jobs = [JobFactory() for _ in range(FIRST_GROUP + 2)]
 
     first = run_dispatch_tick()
 
-    assert (first.placed, first.deferred) == (group, 2)
-    assert DispatchDecision.objects.count() == group  # what was not applied left no row
+    assert (first.placed, first.deferred) == (FIRST_GROUP, 2)
+    assert DispatchDecision.objects.count() == FIRST_GROUP  # what was not applied: no row
     assert len(dispatch_ticks(control_queue)) == 1  # the next round is on its way
     assert [run_dispatch_tick().placed for _ in range(2)] == [2, 0]
     statuses = Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
-    assert list(statuses) == [JobStatus.SCHEDULED] * (group + 2)
+    assert list(statuses) == [JobStatus.SCHEDULED] * (FIRST_GROUP + 2)
 
 
 def test_an_enterprise_job_submitted_while_a_paid_burst_is_placed_goes_first_in_the_next_round(
     settings,
 ):
     settings.GANTRY_DISPATCH_APPLY_BUDGET_S = 0
-    group = PLACEMENTS_PER_TRANSACTION
-    for _ in range(group // 8):
-        NodeFactory(gpus=8)
+    NodeFactory(gpus=FIRST_GROUP)
     NodeFactory(gpus=1)  # room for one more job than the first group places
     paid = OrgFactory(tier=Tier.PAID)
-    burst = [queued_since(600 - i, org=paid) for i in range(group + 6)]
-    assert run_dispatch_tick().placed == group  # the rest of the burst waits for the next round
+    burst = [queued_since(600 - i, org=paid) for i in range(FIRST_GROUP + 6)]
+    assert run_dispatch_tick().placed == FIRST_GROUP  # the rest waits for the next round
 
     urgent = JobFactory(org=OrgFactory(tier=Tier.ENTERPRISE))
     second = run_dispatch_tick()
@@ -227,6 +225,14 @@ def test_an_enterprise_job_submitted_while_a_paid_burst_is_placed_goes_first_in_
     assert urgent.status == JobStatus.SCHEDULED
     waiting = Job.objects.filter(pk__in=[j.pk for j in burst], status=JobStatus.QUEUED)
     assert waiting.count() == 6
+
+
+def test_placement_groups_fit_what_is_left_of_the_budget_at_the_last_groups_pace():
+    assert _group_size(None, 0.0, None) == PLACEMENTS_PER_TRANSACTION  # no budget
+    assert _group_size(2.0, 0.0, None) == FIRST_GROUP  # the pace is not known yet
+    assert _group_size(2.0, 0.5, 0.003) == PLACEMENTS_PER_TRANSACTION  # an idle host
+    assert _group_size(2.0, 0.5, 0.15) == 10  # a host busy running jobs: 1.5 s / 0.15 s
+    assert _group_size(2.0, 1.9, 0.15) == 1  # at least one
 
 
 def test_the_placements_of_a_round_are_written_together_in_as_many_statements_for_2_as_for_20():

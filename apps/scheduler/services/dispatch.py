@@ -244,20 +244,24 @@ def apply_decisions(
     the outcomes returned are those of a prefix."""
     deadline = None if budget_s is None else time.monotonic() + budget_s
     applied: list[AppliedDecision] = []
+    seconds_per_placement = None  # as measured by this call's groups
     at = 0
     while at < len(decisions):
-        if deadline is not None and applied and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and applied and now >= deadline:
             break
         decision = decisions[at]
         if isinstance(decision, Place):
+            size = _group_size(deadline, now, seconds_per_placement)
             run = [decision]
             while (
-                len(run) < PLACEMENTS_PER_TRANSACTION
+                len(run) < size
                 and at + len(run) < len(decisions)
                 and isinstance(decisions[at + len(run)], Place)
             ):
                 run.append(decisions[at + len(run)])
             outcomes = apply_placements(run, tick=tick)
+            seconds_per_placement = (time.monotonic() - now) / len(run)
         else:
             # Lines about this decision name its job, not the request that woke the tick.
             job_id = decision.for_job_id if isinstance(decision, Preempt) else decision.job_id
@@ -273,6 +277,19 @@ def apply_decisions(
         applied += outcomes
         at += len(outcomes)
     return applied
+
+
+def _group_size(deadline: float | None, now: float, seconds_per_placement: float | None) -> int:
+    """How many placements the next group takes: as many as fit in what is left of the
+    budget at the pace of the last group (a host busy running jobs is tens of times
+    slower than an idle one), a few while the pace is unknown, and at most
+    PLACEMENTS_PER_TRANSACTION; without a budget, that many."""
+    if deadline is None:
+        return PLACEMENTS_PER_TRANSACTION
+    if seconds_per_placement is None:
+        return FIRST_GROUP
+    fits = int((deadline - now) / max(seconds_per_placement, 1e-6))
+    return max(1, min(PLACEMENTS_PER_TRANSACTION, fits))
 
 
 def apply_placements(decisions: Sequence[Place], *, tick: uuid.UUID) -> list[AppliedDecision]:
@@ -329,6 +346,8 @@ def _applied(decision: Place, attempt: Attempt) -> AppliedDecision:
 # because the apply budget is checked between groups, and a group on a host that is
 # busy running jobs takes several times as long.
 PLACEMENTS_PER_TRANSACTION = 16
+# A tick's first group under a budget, while its pace is unknown.
+FIRST_GROUP = 4
 
 _GPU_COLUMNS = (
     "id",
