@@ -3,16 +3,24 @@
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 
 from apps.accounts.models import Tier
-from apps.jobs.models import Attempt
+from apps.jobs.models import Attempt, AttemptState
 from apps.scheduler.models import RecordedAttemptUsage, UsageAccount, UsageScope
 from apps.scheduler.policy import PolicyConfig
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.recovery import requeue_attempt
 from apps.scheduler.services.snapshot import build_snapshot
-from apps.scheduler.services.usage import record_attempt_usage, record_gpu_usage, spread_factor
+from apps.scheduler.services.usage import (
+    fold_ended_attempts,
+    record_attempt_usage,
+    record_gpu_usage,
+    spread_factor,
+)
 from tests.factories import OrgFactory, UserFactory
 from tests.scheduler.factories import JobFactory, NodeFactory, live_attempt, start_attempt
 
@@ -59,6 +67,37 @@ def test_a_finished_attempt_is_recorded_exactly_once_at_its_decayed_worth(settin
     assert RecordedAttemptUsage.objects.count() == 1
     org = UsageAccount.objects.get(scope=UsageScope.ORG, key=str(job.org_id))
     assert org.value == pytest.approx(1800 * spread_factor(900, 1800), rel=1e-3)
+
+
+def test_a_tick_folds_many_ended_attempts_in_as_many_statements_as_one_each_once(settings):
+    settings.GANTRY_USAGE_HALF_LIFE_S = 1800
+
+    def fold(count: int) -> tuple[int, list]:
+        NodeFactory(gpus=count)
+        org = OrgFactory(tier=Tier.PAID)
+        users = [UserFactory(org=org) for _ in range(2)]
+        jobs = [JobFactory(org=org, user=users[n % 2]) for n in range(count)]
+        run_dispatch_tick()
+        for job in jobs:
+            attempt = start_attempt(live_attempt(job), ran_for_s=600)
+            Attempt.objects.filter(pk=attempt.pk).update(gpu_ms=600 * 1000)
+            Attempt.objects.filter(pk=attempt.pk).update(
+                state=AttemptState.FINISHED, finished_at=Now()
+            )
+        with CaptureQueriesContext(connection) as queries:
+            assert fold_ended_attempts() == count
+        assert fold_ended_attempts() == 0  # each attempt once
+        return len(queries), [org, *users]
+
+    one, _ = fold(1)
+    many, (org, *users) = fold(12)
+
+    assert many == one
+    worth = 600 * spread_factor(600, 1800)
+    value = dict(UsageAccount.objects.values_list("key", "value"))
+    assert value[str(org.pk)] == pytest.approx(12 * worth, rel=1e-3)
+    for user in users:
+        assert value[f"{org.pk}/{user.pk}"] == pytest.approx(6 * worth, rel=1e-3)
 
 
 def test_an_attempt_that_never_started_records_nothing():

@@ -55,35 +55,47 @@ def record_gpu_usage(
 ) -> None:
     """Add `gpu_seconds` used by `user_id` of `org_id` (tier: the org's if not given).
 
-    Each of the tier's, org's and user's decayed value is brought forward to the
-    database's now() and increased, in one UPSERT that locks the three rows in that fixed
-    order. `spread_over_s` > 0 says the usage happened evenly over that many seconds up
-    to now (a finished attempt), so it has already partly decayed. Not idempotent: call
+    `spread_over_s` > 0 says the usage happened evenly over that many seconds up to now
+    (a finished attempt), so it has already partly decayed. Not idempotent: call
     record_attempt_usage for an attempt.
     """
     if gpu_seconds <= 0:
         return
     if tier is None:
         tier = Org.objects.values_list("tier", flat=True).get(pk=org_id)
-    half_life = half_life_s()
-    worth = gpu_seconds * spread_factor(spread_over_s, half_life)
+    _add_usage([(tier, org_id, user_id, gpu_seconds * spread_factor(spread_over_s, half_life_s()))])
+
+
+def _add_usage(worths: list[tuple[str, object, object, float]]) -> None:
+    """Add each (tier, org, user, decayed GPU-seconds now) to its tier's, org's and user's
+    rows: every value brought forward to the database's now() and increased, in one
+    UPSERT that locks its rows in one fixed order (scope, then key)."""
+    totals: dict[tuple[str, str], float] = {}
+    for tier, org_id, user_id, worth in worths:
+        if worth <= 0:
+            continue
+        for key in (
+            (UsageScope.TIER.value, tier),
+            (UsageScope.ORG.value, str(org_id)),
+            (UsageScope.USER.value, user_key(org_id, user_id)),
+        ):
+            totals[key] = totals.get(key, 0.0) + worth
+    if not totals:
+        return
+    rank = {UsageScope.TIER.value: 0, UsageScope.ORG.value: 1, UsageScope.USER.value: 2}
+    keys = sorted(totals, key=lambda k: (rank[k[0]], k[1]))
     table = UsageAccount._meta.db_table
-    keys = [
-        (UsageScope.TIER, tier),
-        (UsageScope.ORG, str(org_id)),
-        (UsageScope.USER, user_key(org_id, user_id)),
-    ]
-    values = ", ".join(["(%s, %s, %s, now())"] * len(keys))
-    params = [item for scope, key in keys for item in (scope.value, key, worth)]
     with connection.cursor() as cursor:
         # S608: the table name is our own model's; every value is a bound parameter.
         cursor.execute(
-            f"INSERT INTO {table} (scope, key, value, as_of) VALUES {values} "  # noqa: S608
+            f"INSERT INTO {table} (scope, key, value, as_of) "  # noqa: S608
+            "SELECT s, k, v, now() FROM unnest(%s::text[], %s::text[], %s::float8[])"
+            " WITH ORDINALITY AS t(s, k, v, n) ORDER BY n "
             f"ON CONFLICT (scope, key) DO UPDATE SET "
             f"value = {table}.value * power(2.0::float8, -GREATEST(0.0::float8, "
             f"EXTRACT(EPOCH FROM now() - {table}.as_of)::float8) / %s) + EXCLUDED.value, "
             f"as_of = GREATEST({table}.as_of, now())",
-            [*params, half_life],
+            [[k[0] for k in keys], [k[1] for k in keys], [totals[k] for k in keys], half_life_s()],
         )
 
 
@@ -95,9 +107,19 @@ def record_attempt_usage(*, attempt_id) -> float | None:
     the GPU-seconds recorded, or None if the attempt never started or was recorded
     before (a second call changes nothing).
     """
-    row = (
-        Attempt.objects.filter(pk=attempt_id)
+    return record_attempts_usage([attempt_id]).get(str(attempt_id))
+
+
+def record_attempts_usage(attempt_ids) -> dict[str, float]:
+    """Fold the GPU time of these attempts into their owners' usage, each exactly once,
+    in one transaction of three statements whatever their number; returns attempt id ->
+    GPU-seconds recorded for those recorded now (not those that never started, nor those
+    recorded before: a second call changes nothing)."""
+    rows = (
+        Attempt.objects.filter(pk__in=list(attempt_ids), started_at__isnull=False)
+        .order_by("pk")
         .values_list(
+            "pk",
             "gpu_ms",
             "gpu_indices",
             "started_at",
@@ -106,32 +128,33 @@ def record_attempt_usage(*, attempt_id) -> float | None:
             "job__org_id",
             "job__user_id",
         )
-        .first()
     )
-    if row is None or row[2] is None:
-        return None
-    gpu_ms, indices, started_at, finished_at, tier, org_id, user_id = row
+    if not rows:
+        return {}
     with transaction.atomic():
         now = db_now()
-        span = max(0.0, ((finished_at or now) - started_at).total_seconds())
-        gpu_seconds = gpu_ms / 1000 if gpu_ms > 0 else span * len(indices)
+        found = {}
+        for pk, gpu_ms, indices, started_at, finished_at, tier, org_id, user_id in rows:
+            span = max(0.0, ((finished_at or now) - started_at).total_seconds())
+            gpu_seconds = gpu_ms / 1000 if gpu_ms > 0 else span * len(indices)
+            found[str(pk)] = (gpu_seconds, span, tier, org_id, user_id)
         table = RecordedAttemptUsage._meta.db_table
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {table} (attempt_id, gpu_seconds, recorded_at) "  # noqa: S608
-                "VALUES (%s, %s, now()) ON CONFLICT (attempt_id) DO NOTHING RETURNING 1",
-                [attempt_id, gpu_seconds],
+                "SELECT a, g, now() FROM unnest(%s::uuid[], %s::float8[]) AS t(a, g) "
+                "ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id",
+                [list(found), [found[a][0] for a in found]],
             )
-            if cursor.fetchone() is None:
-                return None
-        record_gpu_usage(
-            org_id=org_id,
-            user_id=user_id,
-            tier=tier,
-            gpu_seconds=gpu_seconds,
-            spread_over_s=span,
+            recorded = [str(row[0]) for row in cursor.fetchall()]
+        half_life = half_life_s()
+        _add_usage(
+            [
+                (tier, org_id, user_id, gpu_seconds * spread_factor(span, half_life))
+                for gpu_seconds, span, tier, org_id, user_id in (found[a] for a in recorded)
+            ]
         )
-    return gpu_seconds
+    return {a: found[a][0] for a in recorded}
 
 
 # How many ended attempts one tick folds at most (the rest wait for the next tick), and
@@ -153,13 +176,13 @@ SELECT a.id FROM jobs_attempt a
 def fold_ended_attempts(*, limit: int = FOLD_BATCH) -> int:
     """Fold every attempt that ended and is not yet in fair share's usage (up to `limit`,
     oldest first); returns how many were folded. Safe to run concurrently and twice: each
-    attempt is recorded at most once (record_attempt_usage). Attempts that ended longer ago
+    attempt is recorded at most once (record_attempts_usage). Attempts that ended longer ago
     than FOLD_LOOKBACK_S are not read."""
     horizon = min(FOLD_LOOKBACK_S, FORGOTTEN_AFTER_HALF_LIVES * half_life_s())
     with connection.cursor() as cursor:
         cursor.execute(_UNRECORDED_ENDED_ATTEMPTS, {"horizon": horizon, "limit": limit})
         ended = [row[0] for row in cursor.fetchall()]
-    return sum(record_attempt_usage(attempt_id=attempt_id) is not None for attempt_id in ended)
+    return len(record_attempts_usage(ended))
 
 
 def decayed_accounts(now: datetime) -> dict[tuple[str, str], float]:
