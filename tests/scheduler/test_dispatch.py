@@ -17,6 +17,7 @@ from apps.jobs.services import attempts
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
 from apps.scheduler.policy import Place, schedule
 from apps.scheduler.services.dispatch import (
+    BUSY_PACE_S,
     FIRST_GROUP,
     PLACEMENTS_PER_TRANSACTION,
     _group_size,
@@ -231,8 +232,10 @@ def test_placement_groups_fit_what_is_left_of_the_budget_at_the_last_groups_pace
     assert _group_size(None, 0.0, None) == PLACEMENTS_PER_TRANSACTION  # no budget
     assert _group_size(2.0, 0.0, None) == FIRST_GROUP  # the pace is not known yet
     assert _group_size(2.0, 0.5, 0.003) == PLACEMENTS_PER_TRANSACTION  # an idle host
-    assert _group_size(2.0, 0.5, 0.15) == 10  # a host busy running jobs: 1.5 s / 0.15 s
-    assert _group_size(2.0, 1.9, 0.15) == 1  # at least one
+    assert _group_size(2.0, 0.5, 0.01) == 16  # 1.5 s at 10 ms a placement: the cap
+    assert _group_size(2.0, 1.95, 0.01) == 5  # what is left of the budget
+    assert _group_size(2.0, 1.999, 0.01) == 1  # at least one
+    assert _group_size(2.0, 0.5, BUSY_PACE_S) == 1  # a host busy running jobs: one at a time
 
 
 def test_the_placements_of_a_round_are_written_together_in_as_many_statements_for_2_as_for_20():
