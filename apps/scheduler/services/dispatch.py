@@ -99,12 +99,13 @@ def run_dispatch_tick() -> TickResult:
 
     Guarantees: at most one tick acts at a time (advisory lock), and a tick that finds
     another running gets a round that starts after it (the running one sends it when it
-    ends, unless it has ended already); each decision is applied all-or-nothing in its
-    own transaction, and a placement's run message is published only after it
-    committed; every decision, applied or skipped, leaves a DispatchDecision row with
-    the policy's reason. Decisions still unapplied when GANTRY_DISPATCH_APPLY_BUDGET_S
-    has passed are dropped (no row) and the next round, which starts at once, decides
-    them again: any prefix of a round's decisions is itself a valid round.
+    ends, unless it has ended already); each decision, or group of placements, is
+    applied all-or-nothing in its own transaction, and a placement's run message is
+    published only after it committed; every decision, applied or skipped, leaves a
+    DispatchDecision row with the policy's reason. Decisions still unapplied when
+    GANTRY_DISPATCH_APPLY_BUDGET_S has passed are dropped (no row) and the next round,
+    which starts at once, decides them again: any prefix of a round's decisions is
+    itself a valid round.
     """
     result = _round_if_free()
     if result is None:
@@ -240,7 +241,7 @@ def apply_decisions(
     decisions: list[Decision], *, tick: uuid.UUID, budget_s: float | None = None
 ) -> list[AppliedDecision]:
     """Apply the decisions in the policy's order; a refused one is skipped, not fatal.
-    Consecutive placements go together, up to `PLACEMENTS_PER_TRANSACTION` at a time
+    Consecutive placements go together in groups that `_group_size` sizes
     (`apply_placements`); each other decision in its own transaction. With `budget_s`,
     stop before the next step once that long has passed (the first is always applied):
     the outcomes returned are those of a prefix."""
