@@ -87,7 +87,7 @@ class UsageAccount(models.Model):
     """Decayed GPU-seconds of one tier, org or user, as of `as_of` (fair share's memory).
 
     `value` halves every usage half-life; it is brought forward and added to in one
-    UPSERT (services.usage.record_gpu_usage), once per finished attempt, so the hot path
+    UPSERT (services.usage.add_gpu_usage), once per finished attempt, so the hot path
     (heartbeats) never touches these rows. Key: tier name, org id, or "org id/user id".
     """
 

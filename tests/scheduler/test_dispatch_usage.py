@@ -16,9 +16,9 @@ from apps.scheduler.services.dispatch import run_dispatch_tick
 from apps.scheduler.services.recovery import requeue_attempt
 from apps.scheduler.services.snapshot import build_snapshot
 from apps.scheduler.services.usage import (
+    add_gpu_usage,
     fold_ended_attempts,
     record_attempt_usage,
-    record_gpu_usage,
     spread_factor,
 )
 from tests.factories import OrgFactory, UserFactory
@@ -31,8 +31,8 @@ def test_recorded_usage_accrues_per_tier_org_and_user():
     org = OrgFactory(tier=Tier.PAID)
     user = UserFactory(org=org)
 
-    record_gpu_usage(org_id=org.pk, user_id=user.pk, gpu_seconds=100)
-    record_gpu_usage(org_id=org.pk, user_id=user.pk, gpu_seconds=50)
+    add_gpu_usage([(org.tier, org.pk, user.pk, 100)])
+    add_gpu_usage([(org.tier, org.pk, user.pk, 50)])
 
     usage = build_snapshot().cluster.usage
     assert usage.by_org[str(org.pk)] == pytest.approx(150, rel=1e-3)
@@ -43,7 +43,7 @@ def test_recorded_usage_accrues_per_tier_org_and_user():
 def test_old_usage_has_decayed_by_its_half_lives(settings):
     settings.GANTRY_USAGE_HALF_LIFE_S = 600
     org = OrgFactory()
-    record_gpu_usage(org_id=org.pk, user_id=None, gpu_seconds=1000)
+    add_gpu_usage([(org.tier, org.pk, None, 1000)])
     UsageAccount.objects.update(as_of=UsageAccount.objects.first().as_of - timedelta(hours=1))
 
     usage = build_snapshot().cluster.usage

@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from apps.accounts.models import Org
 from apps.core.clock import db_now
 from apps.jobs.models import Attempt
 from apps.scheduler.models import RecordedAttemptUsage, UsageAccount, UsageScope
@@ -45,31 +44,11 @@ def spread_factor(duration_s: float, half_life: float) -> float:
     return -math.expm1(-x * math.log(2)) / (x * math.log(2))
 
 
-def record_gpu_usage(
-    *,
-    org_id,
-    user_id,
-    gpu_seconds: float,
-    tier: str | None = None,
-    spread_over_s: float = 0.0,
-) -> None:
-    """Add `gpu_seconds` used by `user_id` of `org_id` (tier: the org's if not given).
-
-    `spread_over_s` > 0 says the usage happened evenly over that many seconds up to now
-    (a finished attempt), so it has already partly decayed. Not idempotent: call
-    record_attempt_usage for an attempt.
-    """
-    if gpu_seconds <= 0:
-        return
-    if tier is None:
-        tier = Org.objects.values_list("tier", flat=True).get(pk=org_id)
-    _add_usage([(tier, org_id, user_id, gpu_seconds * spread_factor(spread_over_s, half_life_s()))])
-
-
-def _add_usage(worths: list[tuple[str, object, object, float]]) -> None:
+def add_gpu_usage(worths: list[tuple[str, object, object, float]]) -> None:
     """Add each (tier, org, user, decayed GPU-seconds now) to its tier's, org's and user's
-    rows: every value brought forward to the database's now() and increased, in one
-    UPSERT that locks its rows in one fixed order (scope, then key)."""
+    rows: every value brought forward to the database's now() and increased, in one UPSERT
+    that locks its rows in one fixed order (scope, then key). Not idempotent:
+    record_attempts_usage records each attempt once."""
     totals: dict[tuple[str, str], float] = {}
     for tier, org_id, user_id, worth in worths:
         if worth <= 0:
@@ -148,7 +127,7 @@ def record_attempts_usage(attempt_ids) -> dict[str, float]:
             )
             recorded = [str(row[0]) for row in cursor.fetchall()]
         half_life = half_life_s()
-        _add_usage(
+        add_gpu_usage(
             [
                 (tier, org_id, user_id, gpu_seconds * spread_factor(span, half_life))
                 for gpu_seconds, span, tier, org_id, user_id in (found[a] for a in recorded)
