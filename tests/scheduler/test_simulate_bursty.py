@@ -81,3 +81,50 @@ def test_a_trace_without_a_fleet_file_keeps_rows_of_every_gpu_model(tmp_path):
     assert not any("dropped" in note for note in report.notes), report.notes
     assert report.summaries[0].admitted == 40
     assert report.summaries[0].started == 40
+
+
+def test_a_trace_submitted_at_once_is_measured_from_its_start_on_a_fleet_sized_for_it(tmp_path):
+    # All of a batch's rows at t = 0 used to fall in the warm-up: nothing was measured,
+    # the offered load over the window was 0 and `--load` sized the fleet to one GPU.
+    path = tmp_path / "batch.csv"
+    rows = [HEADER] + [f"0,{20 + i % 40},1,,paid,org-{i % 4},u{i % 8},true" for i in range(400)]
+    path.write_text("\n".join(rows) + "\n")
+    report = run_scenario(
+        "trace", ["fifo"], gpus=64, trace_path=path, duration_s=1000.0, overload=1.0
+    )
+    assert report.warmup_jobs == 0
+    assert any("warm-up 0 s" in note for note in report.notes), report.notes
+    assert 0.9 <= report.offered_load <= 1.1, report.offered_load
+    assert report.fleet.total_gpus >= 10
+    summary = report.summaries[0]
+    assert summary.waits["paid"].count == 400 and summary.started == 400
+
+
+def test_a_fleet_sized_for_a_light_trace_still_holds_its_widest_job(tmp_path):
+    path = tmp_path / "light.csv"
+    rows = [HEADER] + [f"{i * 50},10,1,,paid,org-1,u1,false" for i in range(20)]
+    rows.append(f"{500},10,8,,paid,org-1,u1,false")
+    path.write_text("\n".join(rows) + "\n")
+    report = run_scenario(
+        "trace", ["fair"], gpus=64, trace_path=path, duration_s=1000.0, overload=2.0
+    )
+    assert max(len(gpus) for _, gpus in report.fleet.nodes) == 8
+    assert report.summaries[0].started == 21
+    assert report.summaries[0].waits["paid"].still_waiting == 0
+
+
+def test_a_fleet_cut_to_size_keeps_its_mix_of_gpu_models(tmp_path):
+    # The synthetic fleet lists its H100 nodes first: cut to 32 GPUs in that order it
+    # had no A100, and a trace's A100 jobs waited for ever.
+    cut = synthetic_fleet(1000).scaled_to(32)
+    assert {kind for _, gpus in cut.nodes for kind in gpus} == {"H100", "A100"}
+    path = tmp_path / "a100.csv"
+    rows = [HEADER] + [
+        f"{i * 5},30,1,{('A100', 'H100', 'A100|H100')[i % 3]},paid,org-{i % 3},u{i},true"
+        for i in range(300)
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    report = run_scenario(
+        "trace", ["fair"], gpus=1000, trace_path=path, duration_s=1500.0, overload=1.0
+    )
+    assert report.summaries[0].started == 300

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,19 +22,31 @@ class FleetModel:
     def total_gpus(self) -> int:
         return sum(len(gpus) for _, gpus in self.nodes)
 
-    def scaled_to(self, gpus: int) -> FleetModel:
-        """`gpus` GPUs with the same mix: this fleet's nodes in turn (copies named
-        `<node>~<n>` once they run out), the last one cut to size."""
+    def scaled_to(self, gpus: int, *, holding: Iterable[Need] = ()) -> FleetModel:
+        """About `gpus` GPUs with the same mix: this fleet's nodes in an order that keeps
+        each kind of node at its share of every prefix (`_mixed`; copies named
+        `<node>~<n>` once they run out), the last one cut to size; then, while a need
+        of `holding` (a job's allowed GPU models, empty for any, and its GPU count) that
+        some node of this fleet meets is met by none taken, the next node that meets it,
+        whole. Taken in the fleet's own order, a synthetic fleet (its H100 nodes first)
+        cut to 32 GPUs had no A100, and a trace's A100 jobs waited for ever."""
         if gpus < 1:
             raise ValueError("a fleet needs at least one GPU")
+        mixed = _mixed(self.nodes)
+        unmet = {need for need in holding if any(_meets(kinds, need) for _, kinds in mixed)}
         nodes, total, copy = [], 0, 0
-        while total < gpus:
-            for name, kinds in self.nodes:
-                if total >= gpus:
-                    break
-                kinds = kinds[: gpus - total]
+        while total < gpus or unmet:
+            for name, kinds in mixed:
+                if total >= gpus and not any(_meets(kinds, need) for need in unmet):
+                    continue
+                cut = kinds[: max(0, gpus - total)]
+                if cut and all(_meets(cut, n) for n in unmet if _meets(kinds, n)):
+                    kinds = cut  # cut to size where that loses no need it meets
                 nodes.append((name if copy == 0 else f"{name}~{copy}", kinds))
                 total += len(kinds)
+                unmet = {need for need in unmet if not _meets(kinds, need)}
+                if total >= gpus and not unmet:
+                    break
             copy += 1
         return FleetModel(gpu_types=self.gpu_types, nodes=tuple(nodes))
 
@@ -44,6 +57,37 @@ class FleetModel:
                 by_type[gpu_type] = by_type.get(gpu_type, 0) + 1
         mix = ", ".join(f"{count} {name}" for name, count in sorted(by_type.items()))
         return f"{len(self.nodes)} nodes, {self.total_gpus} GPUs ({mix})"
+
+
+# A job's need of one node: its allowed GPU models (empty: any) and its GPU count.
+Need = tuple[tuple[str, ...], int]
+
+
+def _meets(kinds: tuple[str, ...], need: Need) -> bool:
+    """Whether a node of these GPUs holds the job: its GPUs all of one allowed model, as
+    the policy places them (one pool of a node)."""
+    types, count = need
+    return any(kinds.count(kind) >= count for kind in set(kinds) if not types or kind in types)
+
+
+def _mixed(nodes: tuple[tuple[str, tuple[str, ...]], ...]) -> list:
+    """`nodes` reordered so that every prefix holds each kind of node (its GPU models)
+    in proportion to the whole (the kind furthest behind its share goes next; ties in
+    order of first appearance), each kind's nodes in their own order."""
+    kinds: dict[tuple[str, ...], list] = {}
+    for node in nodes:
+        kinds.setdefault(tuple(sorted(set(node[1]))), []).append(node)
+    groups = list(kinds.values())
+    taken = [0] * len(groups)
+    order = []
+    for _ in range(len(nodes)):
+        behind = min(
+            (i for i in range(len(groups)) if taken[i] < len(groups[i])),
+            key=lambda i: (taken[i] + 0.5) / len(groups[i]),
+        )
+        order.append(groups[behind][taken[behind]])
+        taken[behind] += 1
+    return order
 
 
 def synthetic_fleet(total_gpus: int, h100_share: float = 0.4, gpus_per_node: int = 8) -> FleetModel:

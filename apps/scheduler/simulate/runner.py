@@ -152,6 +152,21 @@ def build_workload(
     return load.fitted_to(largest_node)
 
 
+# A trace's default warm-up: 15 % of the run, but never past the submission of this share
+# of its jobs, so that a trace whose arrivals come at once (a batch at t = 0) or early is
+# measured rather than swallowed by the warm-up.
+WARMUP_JOB_SHARE = 0.15
+
+
+def trace_warmup_s(load: workload.Workload, duration_s: float) -> float:
+    """The warm-up of a trace replay: 15 % of `duration_s`, or less where the trace has
+    submitted WARMUP_JOB_SHARE of its jobs before that (0 for a trace submitted at once)."""
+    submits = sorted(job.submit_at for job in load.jobs)
+    if not submits:
+        return 0.15 * duration_s
+    return min(0.15 * duration_s, submits[int(WARMUP_JOB_SHARE * (len(submits) - 1))])
+
+
 def run_scenario(
     scenario: str,
     policies: list[str],
@@ -190,7 +205,6 @@ def run_scenario(
             named = []
     if overload is None and scenario != "trace":
         overload = 1.0 if scenario == "bursty" else 2.0
-    warmup = 0.15 * duration_s if warmup_s is None else warmup_s
     load = build_workload(
         scenario,
         fleet,
@@ -202,10 +216,21 @@ def run_scenario(
         trace_speedup=trace_speedup,
         trace_max_work_s=trace_max_work_s,
     )
+    if warmup_s is None and scenario == "trace":
+        warmup_s = trace_warmup_s(load, duration_s)
+        if warmup_s < 0.15 * duration_s:
+            load.notes.append(
+                f"warm-up {warmup_s:.0f} s: the trace submits {WARMUP_JOB_SHARE:.0%} of its "
+                "jobs by then (a warm-up never holds more)"
+            )
+    warmup = 0.15 * duration_s if warmup_s is None else warmup_s
     if scenario == "trace" and overload is not None:
         offered = load.offered_gpu_seconds(warmup, duration_s)
         target = max(1, round(offered / ((duration_s - warmup) * overload)))
-        fleet = fleet_of_types(target, named) if named else fleet.scaled_to(target)
+        # Every job keeps a node that can hold it, however few GPUs the load asks for.
+        needs = {(job.gpu_types, job.gpu_count) for job in load.jobs}
+        model = fleet_of_types(8 * len(named), named) if named else fleet
+        fleet = model.scaled_to(target, holding=needs)
         load.notes.append(f"fleet sized for {overload:g}x offered load: {fleet.describe()}")
     if scenario in ("trace", "bursty") and queue_quota is None:
         queue_quota = {}  # a replay of real requests admits everything that was submitted
