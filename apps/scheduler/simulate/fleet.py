@@ -28,8 +28,9 @@ class FleetModel:
         `<node>~<n>` once they run out), the last one cut to size; then, while a need
         of `holding` (a job's allowed GPU models, empty for any, and its GPU count) that
         some node of this fleet meets is met by none taken, the next node that meets it,
-        whole. Taken in the fleet's own order, a synthetic fleet (its H100 nodes first)
-        cut to 32 GPUs had no A100, and a trace's A100 jobs waited for ever."""
+        cut to the widest need it meets. Taken in the fleet's own order, a synthetic
+        fleet (its H100 nodes first) cut to 32 GPUs had no A100, and a trace's A100 jobs
+        waited for ever."""
         if gpus < 1:
             raise ValueError("a fleet needs at least one GPU")
         mixed = _mixed(self.nodes)
@@ -37,11 +38,13 @@ class FleetModel:
         nodes, total, copy = [], 0, 0
         while total < gpus or unmet:
             for name, kinds in mixed:
-                if total >= gpus and not any(_meets(kinds, need) for need in unmet):
+                served = [need for need in unmet if _meets(kinds, need)]
+                if total >= gpus and not served:
                     continue
-                cut = kinds[: max(0, gpus - total)]
-                if cut and all(_meets(cut, n) for n in unmet if _meets(kinds, n)):
-                    kinds = cut  # cut to size where that loses no need it meets
+                # Cut to what the target still asks for, or to the widest need it serves.
+                cut = kinds[: max(gpus - total, *(count for _, count in served), 0)]
+                if cut and all(_meets(cut, need) for need in served):
+                    kinds = cut
                 nodes.append((name if copy == 0 else f"{name}~{copy}", kinds))
                 total += len(kinds)
                 unmet = {need for need in unmet if not _meets(kinds, need)}
