@@ -84,6 +84,10 @@ EXPLAIN_EVERY_S = 5.0
 _ENTRY_ORDER = operator.itemgetter(0, 1)  # (submitted_at, sequence): never the job itself
 
 
+# The share of a run not measured by default (the fleet fills up).
+DEFAULT_WARMUP_SHARE = 0.15
+
+
 class SimulationError(AssertionError):
     """A policy decision broke an invariant of the cluster."""
 
@@ -178,7 +182,7 @@ class Simulation:
         self.policy_name = policy_name
         self.config = config or PolicyConfig()
         self.duration = float(duration_s)
-        self.warmup = 0.15 * self.duration if warmup_s is None else float(warmup_s)
+        self.warmup = DEFAULT_WARMUP_SHARE * self.duration if warmup_s is None else float(warmup_s)
         self.quota = dict(DEFAULT_QUEUE_QUOTA if queue_quota is None else queue_quota)
         self.stop_delay = stop_delay_s
         self.drain_s = float(drain_s)
