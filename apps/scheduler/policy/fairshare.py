@@ -691,6 +691,25 @@ class FairShareQueue:
             heapq.heapreplace(tier.orgs_by_key, (*self._org_key(org), org.name, org.version))
 
 
+def oldest_unclaimed_at_most(jobs: Iterable[QueuedJob]) -> dict[str, float]:
+    """Per tier, the submission time of its oldest job without a claim among `jobs`: a
+    lower bound of what a `FairShareQueue` of them reports as `oldest_unclaimed` (which
+    looks only at the window's jobs), read in one pass without building the queue."""
+    oldest: dict[str, float] = {}
+    get = oldest.get
+    for job in jobs:
+        if job.claimed_node is None:
+            tier = job.tier
+            known = get(tier)
+            if known is None:
+                if tier not in TIER_RANK:
+                    raise ValueError(f"unknown tier {tier!r}")
+                oldest[tier] = job.submitted_at
+            elif job.submitted_at < known:
+                oldest[tier] = job.submitted_at
+    return oldest
+
+
 _FIFO_ORDER = attrgetter("submitted_at")  # the sort is stable: ties keep snapshot order
 _GPU_COUNT = attrgetter("gpu_count")
 

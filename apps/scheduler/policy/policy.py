@@ -42,6 +42,7 @@ only on the snapshot (deterministic).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from .config import TIER_RANK, TIERS
 from .estimate import (
@@ -52,7 +53,7 @@ from .estimate import (
     stretch_by_tier,
     typical_end,
 )
-from .fairshare import FairShareQueue, Pick, RunningGpus
+from .fairshare import FairShareQueue, Pick, RunningGpus, oldest_unclaimed_at_most
 from .gc_pause import garbage_collector_paused
 from .placement import CapacityIndex, Pool, Reservation
 from .preemption import VictimChoice, VictimFinder
@@ -127,7 +128,8 @@ class _DispatchRound:
         self.no_victims: set[tuple] = set()  # (types, count, tier) that found no victims
         self.fits_soon: set[tuple] = set()  # (types, count) that need no preemption
         self.victims = VictimFinder(self.index, self.now, self.config)
-        self.queue: FairShareQueue | None = None
+        self.queue: FairShareQueue | None = None  # built once the round may decide
+        self.looked_at_queue = False  # there is a fleet and a queue (`waiting`)
         # Why a looked-at job was not placed: job id -> (reason, public reason); and the
         # order in which the round served jobs (for positions and start estimates).
         self.why: dict = {}
@@ -149,9 +151,17 @@ class _DispatchRound:
         sitting_out = self._serve_claims(queued)
         self.sitting_out = sitting_out
         self.claims_served = len(self.served)
+        self.looked_at_queue = True
+        # Fleet full: nothing to place, and nobody to preempt for. Asked first of every
+        # queued job's wait (a bound: the window's oldest can only be younger), so that a
+        # full fleet with no one waiting long enough costs no fair-share queue.
+        if self.index.free_gpus == 0 and not self._anyone_may_preempt(
+            oldest_unclaimed_at_most(queued)
+        ):
+            return self.decisions
         self.queue = self._fair_share_queue(queued, exclude=sitting_out)
-        if self.index.free_gpus == 0 and not self._anyone_may_preempt():
-            return self.decisions  # fleet full: nothing to place, nobody to preempt for
+        if self.index.free_gpus == 0 and not self._anyone_may_preempt(self.queue.oldest_unclaimed):
+            return self.decisions
         self._grant_drains()
         examined_without_decision = 0
         while examined_without_decision < self.config.scan_budget:
@@ -478,7 +488,7 @@ class _DispatchRound:
         # of the orgs holding no GPUs before any job of those holding one (twelve orgs
         # of thousands of jobs each on ten GPUs: heads 500th in line, started within a
         # minute).
-        if self.queue is not None:  # the round ran: there is a fleet and a queue
+        if self.looked_at_queue:  # the round ran: there is a fleet and a queue
             waiting = [j for j in self.snapshot.queued if j.id not in seen]
             queue = self._fair_share_queue(waiting, exclude=self.sitting_out)
             while (pick := queue.peek()) is not None:
@@ -688,11 +698,12 @@ class _DispatchRound:
             tier, submitted_at
         )
 
-    def _anyone_may_preempt(self) -> bool:
-        """Whether some offered job without a claim has waited long enough to preempt."""
+    def _anyone_may_preempt(self, oldest_unclaimed: Mapping[str, float]) -> bool:
+        """Whether a job without a claim, submitted at its tier's `oldest_unclaimed`,
+        has waited long enough to preempt (the later the submission, the less so)."""
         return any(
             self.preemptions_left.get(tier, 0) > 0 and self._may_preempt_after_waiting(tier, oldest)
-            for tier, oldest in self.queue.oldest_unclaimed.items()
+            for tier, oldest in oldest_unclaimed.items()
         )
 
     def _tiers_that_may_preempt(self) -> list[str]:

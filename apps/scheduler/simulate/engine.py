@@ -178,6 +178,7 @@ class Simulation:
     ):
         self.fleet = fleet
         self.workload = workload
+        self.org_weights = workload.org_weights  # built once: the orgs do not change
         self.policy = policy
         self.policy_name = policy_name
         self.config = config or PolicyConfig()
@@ -301,7 +302,7 @@ class Simulation:
             utilisation=self.utilisation,
             work_queued=self.work_queued,
             org_tier={org.name: org.tier for org in self.workload.orgs},
-            org_weight=self.workload.org_weights,
+            org_weight=self.org_weights,
             org_gpu_seconds=self.org_gpu_seconds,
             org_active_ticks=self.org_active_ticks,
             window_ticks=self.window_ticks,
@@ -490,7 +491,7 @@ class Simulation:
             nodes=self.nodes,
             running=running,
             queued=queued,
-            org_weights=self.workload.org_weights,
+            org_weights=self.org_weights,
             usage=self.usage.snapshot(now),
             config=self.config,
             backlog=backlog,
