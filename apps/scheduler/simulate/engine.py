@@ -508,9 +508,14 @@ class Simulation:
                 ((*key, queue[0][0]) for key, queue in self.user_queues.items()), self.config
             )
         entries = []
+        deep = set()  # (tier, org) of the users with jobs left out of the window
         for key, user_queue in self.user_queues.items():
             if users is None or key in users:
                 entries.extend(user_queue[:depth])
+                if len(user_queue) > depth:
+                    deep.add(key[:2])
+            else:
+                deep.add(key[:2])
         for state in self.claimed.values():
             key = (state.spec.tier, state.spec.org, state.spec.user)
             if (users is not None and key not in users) or bisect.bisect_left(
@@ -519,7 +524,15 @@ class Simulation:
                 entries.append(state.queue_entry)
         entries.sort(key=_ENTRY_ORDER)
         queued = [entry[2] for entry in entries]
-        backlog = backlog_beside(self.queued_totals, queued)
+        if not deep:
+            return queued, {}  # every queued job is listed
+        # Only orgs with a user left out can have a backlog; their listed jobs are
+        # counted in window order, and the orgs kept in the totals' order, as for the
+        # whole window (the float sums come out the same).
+        backlog = backlog_beside(
+            {key: totals for key, totals in self.queued_totals.items() if key in deep},
+            [job for job in queued if (job.tier, job.org) in deep],
+        )
         return queued, backlog
 
     # -- job lifecycle -----------------------------------------------------------------
