@@ -522,3 +522,34 @@ def test_the_queue_is_explained_as_often_as_the_dispatcher_publishes_it_and_deci
     gaps = [b - a for a, b in zip(explained_at[5.0], explained_at[5.0][1:], strict=False)]
     assert gaps and min(gaps) >= 5.0 and all(t == int(t) for t in explained_at[5.0])
     assert len(explained_at[1.0]) > 4 * len(explained_at[5.0])
+
+
+def test_a_long_run_says_where_it_is_on_the_way_and_ends_with_the_same_table():
+    lines: list[str] = []
+    quiet = run_scenario("bursty", ["fair"], gpus=16, duration_s=600.0, seed=2).summaries[0]
+    told = run_scenario(
+        "bursty", ["fair"], gpus=16, duration_s=600.0, seed=2, progress=lines.append
+    ).summaries[0]
+    assert lines == [], "nothing to say before the first 30 s of wall clock"
+    assert (told.waits, told.preemptions, told.lost_gpu_seconds) == (
+        quiet.waits,
+        quiet.preemptions,
+        quiet.lost_gpu_seconds,
+    )
+    # Three whole-node jobs of 100 s in a 150 s window: two still wait when it ends.
+    jobs = [_job(f"j{i}", "free", 8, at=0.0) for i in range(3)]
+    _on_one_node(
+        jobs,
+        POLICIES["fair"],
+        duration_s=150.0,
+        drain_s=300.0,
+        progress=lines.append,
+        progress_every_s=0.0,
+    ).run()
+    assert lines[0].startswith("fair: 0 of 150 virtual s, 2 queued, 1 running (")
+    assert lines[100].startswith("fair: 100 of 150 virtual s, 1 queued, 1 running (")
+    assert (
+        "fair: following the waiting jobs, 50 s past the window, 0 queued, 1 running ("
+        in (lines[-1])
+    )
+    assert all(line.endswith(" s of CPU so far)") for line in lines)

@@ -129,7 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
         "dispatcher does (GANTRY_QUEUE_STATE_INTERVAL_S; default %(default)g)",
     )
     parser.add_argument("--out", help="directory for PNG plots")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines on stderr (every 30 s)"
+    )
     return parser
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             out_dir=args.out,
             config=policy_with(dict(args.policy_option)),
             explain_every_s=args.explain_every,
+            progress=None if args.quiet else _progress,
         )
     except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -81,6 +81,7 @@ WAKE_DEBOUNCE_S = 0.1
 # How often a round explains the queue (start estimates, reasons): the dispatcher's
 # GANTRY_QUEUE_STATE_INTERVAL_S default, so tenants' estimates are read as often as there.
 EXPLAIN_EVERY_S = 5.0
+PROGRESS_EVERY_S = 30.0  # wall-clock seconds between progress lines, when asked for
 _ENTRY_ORDER = operator.itemgetter(0, 1)  # (submitted_at, sequence): never the job itself
 
 
@@ -175,6 +176,8 @@ class Simulation:
         stop_delay_s: float = 5.0,
         drain_s: float = 0.0,
         explain_every_s: float = EXPLAIN_EVERY_S,
+        progress: Callable[[str], None] | None = None,
+        progress_every_s: float = PROGRESS_EVERY_S,
     ):
         self.fleet = fleet
         self.workload = workload
@@ -189,6 +192,12 @@ class Simulation:
         self.drain_s = float(drain_s)
         self.explain_every = float(explain_every_s)
         self._next_explain = -math.inf
+        # A long run says where it is (wall clock, not virtual time): a replay of a big
+        # trace can take many minutes, and the table only comes at the end.
+        self.progress = progress
+        self.progress_every = float(progress_every_s)
+        self._next_progress = math.inf
+        self._cpu_started = 0.0
 
         self.nodes: list[Node] = []
         self.gpu_by_id: dict[str, Gpu] = {}
@@ -267,7 +276,9 @@ class Simulation:
             gc.unfreeze()
 
     def _run(self) -> SimResult:
-        started = time.process_time()
+        started = self._cpu_started = time.process_time()
+        if self.progress is not None:
+            self._next_progress = time.monotonic() + self.progress_every
         arrivals = self.workload.jobs
         next_arrival = 0
         ticks = math.ceil(self.duration)
@@ -284,6 +295,8 @@ class Simulation:
                 self.window_ticks += 1
                 self._sample_demand()
                 self.idle_usable_gpu_seconds += self._idle_usable_gpus()
+            if time.monotonic() >= self._next_progress:
+                self._report_progress(now)
         self._advance_to(self.duration, arrivals, next_arrival)
         self._close_interval(self.duration)
         self._close_demand_window()
@@ -359,9 +372,23 @@ class Simulation:
             self._accrue_usage(tick)
             if self.queue:
                 self._round(tick)
+            if time.monotonic() >= self._next_progress:
+                self._report_progress(tick)
             now = tick
             tick += 1.0
         return now
+
+    def _report_progress(self, now: float) -> None:
+        self._next_progress = time.monotonic() + self.progress_every
+        if now < self.duration:
+            where = f"{now:,.0f} of {self.duration:,.0f} virtual s"
+        else:
+            where = f"following the waiting jobs, {now - self.duration:,.0f} s past the window"
+        self.progress(
+            f"{self.policy_name}: {where}, {len(self.queue):,} queued, "
+            f"{len(self.allocations):,} running ({time.process_time() - self._cpu_started:,.0f} s "
+            "of CPU so far)"
+        )
 
     def _round(self, now: float) -> None:
         """One dispatch round at `now`: the policy's decisions, applied. A policy that

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +189,7 @@ def run_scenario(
     out_dir: str | Path | None = None,
     drain_s: float | None = None,
     explain_every_s: float = EXPLAIN_EVERY_S,
+    progress: Callable[[str], None] | None = None,
 ) -> ScenarioReport:
     """Run `scenario` under each of `policies`. `overload` is the offered load (work
     submitted over the fleet's GPU time): for the synthetic scenarios it scales the
@@ -252,6 +253,7 @@ def run_scenario(
             queue_quota=queue_quota,
             drain_s=drain_s,
             explain_every_s=explain_every_s,
+            progress=progress,
         ).run()
 
     results = [simulate(load, name) for name in policies]
