@@ -3,8 +3,8 @@ asked, every row of a trace kept, waiting jobs followed, estimates scored."""
 
 import statistics
 
-from apps.scheduler.simulate import run_scenario, synthetic_fleet
-from apps.scheduler.simulate.workload import bursty, trace
+from apps.scheduler.simulate import run_scenario, synthetic_fleet, workload
+from apps.scheduler.simulate.workload import bursty, bursty_default_duration_s, trace
 
 HEADER = "submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible"
 
@@ -128,3 +128,19 @@ def test_a_fleet_cut_to_size_keeps_its_mix_of_gpu_models(tmp_path):
         "trace", ["fair"], gpus=1000, trace_path=path, duration_s=1500.0, overload=1.0
     )
     assert report.summaries[0].started == 300
+
+
+def test_a_large_fleet_runs_bursty_for_the_minutes_that_hold_its_default_requests(monkeypatch):
+    # An hour on a small fleet; on a large one, the whole 5 minutes that hold about
+    # BURSTY_DEFAULT_REQUESTS requests (60,000: 1,000 GPUs at 2x run 900 s), said in a note.
+    assert bursty_default_duration_s(16, 2.0) == 3600.0
+    assert bursty_default_duration_s(1000, 1.0) == 1800.0
+    assert bursty_default_duration_s(1000, 2.0) == 900.0
+    assert bursty_default_duration_s(100_000, 4.0) == 300.0
+    monkeypatch.setattr(workload, "BURSTY_DEFAULT_REQUESTS", 2_000)  # 64 GPUs: 900 s
+    report = run_scenario("bursty", ["fifo"], gpus=64)
+    assert report.results[0].duration_s == 900.0
+    assert "900 s of arrivals, bursty's default on 64 GPUs at 1x" in report.text()
+    longer = run_scenario("bursty", ["fifo"], gpus=64, duration_s=1200.0)
+    assert longer.results[0].duration_s == 1200.0
+    assert "bursty's default" not in longer.text()

@@ -79,7 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", choices=[*POLICIES, "all"], default="all", help="policy to run (all: each)"
     )
     parser.add_argument("--gpus", type=int, default=1000, help="synthetic fleet size (8/node)")
-    parser.add_argument("--duration", type=_positive, default=3600.0, help="virtual seconds")
+    parser.add_argument(
+        "--duration",
+        type=_positive,
+        default=None,
+        help="virtual seconds of arrivals (default: 3600; bursty on a large fleet: the whole "
+        "5 minutes that hold about 60,000 requests, if shorter)",
+    )
     parser.add_argument(
         "--warmup", type=_non_negative, default=None, help="default: 15%% of duration"
     )
@@ -142,7 +148,7 @@ def _progress(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.warmup is not None and args.warmup >= args.duration:
+    if args.warmup is not None and args.duration is not None and args.warmup >= args.duration:
         parser.error(f"--warmup {args.warmup:g} must be shorter than --duration {args.duration:g}")
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
     try:

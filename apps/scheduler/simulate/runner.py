@@ -175,7 +175,7 @@ def run_scenario(
     policies: list[str],
     *,
     gpus: int = 1000,
-    duration_s: float = 3600.0,
+    duration_s: float | None = None,
     seed: int = 1,
     fleet_file: str | Path | None = None,
     trace_path: str | Path | None = None,
@@ -209,6 +209,15 @@ def run_scenario(
             named = []
     if overload is None and scenario != "trace":
         overload = 1.0 if scenario == "bursty" else 2.0
+    chosen = duration_s is None
+    if duration_s is None:
+        duration_s = workload.DEFAULT_DURATION_S
+        if scenario == "bursty":
+            duration_s = workload.bursty_default_duration_s(fleet.total_gpus, overload)
+    if warmup_s is not None and warmup_s >= duration_s:
+        raise ValueError(
+            f"the warm-up ({warmup_s:g} s) must be shorter than the run ({duration_s:g} s)"
+        )
     load = build_workload(
         scenario,
         fleet,
@@ -220,6 +229,12 @@ def run_scenario(
         trace_speedup=trace_speedup,
         trace_max_work_s=trace_max_work_s,
     )
+    if chosen and duration_s < workload.DEFAULT_DURATION_S:
+        load.notes.append(
+            f"{duration_s:.0f} s of arrivals, bursty's default on {fleet.total_gpus:,} GPUs at "
+            f"{overload:g}x (about {workload.BURSTY_DEFAULT_REQUESTS:,} requests; --duration "
+            "for longer)"
+        )
     if warmup_s is None and scenario == "trace":
         warmup_s = trace_warmup_s(load, duration_s)
         if warmup_s < DEFAULT_WARMUP_SHARE * duration_s:

@@ -455,6 +455,26 @@ BURSTY_HEAVY_ORGS = 6  # a few tenants send a large part of their tier's work
 BURSTY_HEAVY_SHARE = 0.4
 BURSTY_PREEMPTIBLE = {ENTERPRISE: 0.7, PAID: 0.9, FREE: 1.0}
 BURSTY_MAX_LEVEL = 4.0  # demand peaks at about 4x the fleet
+BURSTY_TWO_GPU_SHARE = 0.05
+BURSTY_MEAN_WORK_S = BURSTY_MEDIAN_WORK_S * math.exp(BURSTY_SIGMA**2 / 2)  # log-normal mean
+BURSTY_MEAN_GPUS = (1 - BURSTY_TWO_GPU_SHARE) * 1 + BURSTY_TWO_GPU_SHARE * 2
+
+
+DEFAULT_DURATION_S = 3600.0
+# Bursty's default run holds about this many requests: an hour on small fleets, less on
+# large ones (1,000 GPUs at 2x submit about 70 a second), where a replay of the whole hour
+# would take most of an hour of CPU and the percentiles settle long before.
+BURSTY_DEFAULT_REQUESTS = 60_000
+
+
+def bursty_default_duration_s(total_gpus: int, load: float) -> float:
+    """An hour, or the whole 5 minutes in which about BURSTY_DEFAULT_REQUESTS requests
+    arrive at `load` × `total_gpus`, whichever is shorter (at least 5 minutes)."""
+    per_second = load * total_gpus / (BURSTY_MEAN_WORK_S * BURSTY_MEAN_GPUS)
+    if per_second <= 0:
+        return DEFAULT_DURATION_S
+    whole = math.floor(BURSTY_DEFAULT_REQUESTS / per_second / 300.0) * 300.0
+    return min(DEFAULT_DURATION_S, max(300.0, whole))
 
 
 def bursty(
@@ -491,10 +511,8 @@ def bursty(
     mean_level = sum(
         (end - max(start, measured)) * level for start, end, level in segments if end > measured
     ) / (duration_s - measured)
-    mean_work = BURSTY_MEDIAN_WORK_S * math.exp(BURSTY_SIGMA**2 / 2)  # log-normal mean
-    mean_gpus = 0.95 * 1 + 0.05 * 2
     # jobs per second at level 1 that offer `load` × the fleet on average
-    unit_rate = load * total_gpus / (mean_work * mean_gpus) / max(mean_level, 1e-9)
+    unit_rate = load * total_gpus / (BURSTY_MEAN_WORK_S * BURSTY_MEAN_GPUS) / max(mean_level, 1e-9)
     by_tier = {tier: [o for o in orgs if o.tier == tier] for tier in TIERS}
     heavy = {tier: by_tier[tier][: max(1, BURSTY_HEAVY_ORGS // 3)] for tier in TIERS}
     names = [t.name for t in sorted(gpu_types, key=lambda t: (-t.price_per_gpu_hour, t.name))]
@@ -513,7 +531,7 @@ def bursty(
                     tier=tier,
                     org=org.name,
                     user=org.users[0],
-                    gpu_count=2 if rng.random() < 0.05 else 1,
+                    gpu_count=2 if rng.random() < BURSTY_TWO_GPU_SHARE else 1,
                     max_runtime_s=max(60.0, math.ceil(work * rng.uniform(1.5, 4.0))),
                     work_s=work,
                     gpu_types=tuple(names[:1]) if rng.random() < 0.2 else (),
