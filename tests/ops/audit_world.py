@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -43,6 +44,28 @@ def submitted(org: Org, *, project: Project | None = None, prompt: str = "a fox"
     ).job
 
 
+def placed_by_tick(job: Job, *, patience_s: float = 10.0) -> None:
+    """Run dispatch ticks until one has run and placed `job`. A tick is skipped while
+    another session holds the dispatcher's lock: wait that out for a few seconds, and
+    fail saying whether the tick ran (a full run of the suite once found no attempt
+    here, cause unknown)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        result = run_dispatch_tick()
+        if live_attempt(job) is not None:
+            return
+        if result.ran or time.monotonic() > deadline:
+            raise AssertionError(
+                f"job {job.pk} not placed: the tick "
+                + (
+                    f"ran and decided {result.decisions}"
+                    if result.ran
+                    else "was skipped (lock held)"
+                )
+            )
+        time.sleep(0.2)
+
+
 @dataclass
 class Platform:
     paid: Org
@@ -62,7 +85,7 @@ def platform() -> Platform:
     busy = NodeFactory(name=unique_name("busy"), gpus=2)
     idle = NodeFactory(name=unique_name("idle"), gpus=1, gpus__type="A100")
     running = submitted(paid, project=project, prompt="a red fox in snow", gpu_count=2)
-    run_dispatch_tick()
+    placed_by_tick(running)
     start_attempt(live_attempt(running), ran_for_s=60)
     waiting = submitted(free, prompt="a quiet harbour", gpu_count=2)
     decision = DispatchDecision.objects.create(
