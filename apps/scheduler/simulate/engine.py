@@ -61,7 +61,7 @@ from apps.scheduler.policy import (
 from apps.scheduler.policy.window import listed_users, window_depth
 
 from .fleet import FleetModel
-from .workload import JobSpec, Workload
+from .workload import DEFAULT_WARMUP_SHARE, JobSpec, Workload
 
 # A policy answers decisions, or a RoundResult whose start estimates the simulator scores.
 PolicyFunction = Callable[[ClusterSnapshot], list[Decision] | RoundResult]
@@ -83,10 +83,6 @@ WAKE_DEBOUNCE_S = 0.1
 EXPLAIN_EVERY_S = 5.0
 PROGRESS_EVERY_S = 30.0  # wall-clock seconds between progress lines, when asked for
 _ENTRY_ORDER = operator.itemgetter(0, 1)  # (submitted_at, sequence): never the job itself
-
-
-# The share of a run not measured by default (the fleet fills up).
-DEFAULT_WARMUP_SHARE = 0.15
 
 
 class SimulationError(AssertionError):

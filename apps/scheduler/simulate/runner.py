@@ -9,7 +9,7 @@ from pathlib import Path
 from apps.scheduler.policy import PolicyConfig, schedule_round
 
 from . import baselines, workload
-from .engine import DEFAULT_WARMUP_SHARE, EXPLAIN_EVERY_S, PolicyFunction, SimResult, Simulation
+from .engine import EXPLAIN_EVERY_S, PolicyFunction, SimResult, Simulation
 from .fleet import FleetModel, fleet_from_file, fleet_of_types, synthetic_fleet
 from .metrics import (
     Summary,
@@ -159,14 +159,15 @@ WARMUP_JOB_SHARE = 0.15
 
 
 def trace_warmup_s(load: workload.Workload, duration_s: float) -> float:
-    """The warm-up of a trace replay: DEFAULT_WARMUP_SHARE of `duration_s`, or less where
+    """The warm-up of a trace replay: workload.DEFAULT_WARMUP_SHARE of `duration_s`, or less where
     the trace has submitted WARMUP_JOB_SHARE of its jobs before that (0 for a trace
     submitted at once)."""
     submits = sorted(job.submit_at for job in load.jobs)
     if not submits:
-        return DEFAULT_WARMUP_SHARE * duration_s
+        return workload.DEFAULT_WARMUP_SHARE * duration_s
     return min(
-        DEFAULT_WARMUP_SHARE * duration_s, submits[int(WARMUP_JOB_SHARE * (len(submits) - 1))]
+        workload.DEFAULT_WARMUP_SHARE * duration_s,
+        submits[int(WARMUP_JOB_SHARE * (len(submits) - 1))],
     )
 
 
@@ -237,12 +238,12 @@ def run_scenario(
         )
     if warmup_s is None and scenario == "trace":
         warmup_s = trace_warmup_s(load, duration_s)
-        if warmup_s < DEFAULT_WARMUP_SHARE * duration_s:
+        if warmup_s < workload.DEFAULT_WARMUP_SHARE * duration_s:
             load.notes.append(
                 f"warm-up {warmup_s:.0f} s: the trace submits {WARMUP_JOB_SHARE:.0%} of its "
                 "jobs by then (a warm-up never holds more)"
             )
-    warmup = DEFAULT_WARMUP_SHARE * duration_s if warmup_s is None else warmup_s
+    warmup = workload.DEFAULT_WARMUP_SHARE * duration_s if warmup_s is None else warmup_s
     if scenario == "trace" and overload is not None:
         offered = load.offered_gpu_seconds(warmup, duration_s)
         target = max(1, round(offered / ((duration_s - warmup) * overload)))

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from apps.scheduler.policy import ENTERPRISE, FREE, PAID, TIERS, GpuType
 
+# The share of a run not measured by default (the fleet fills up).
+DEFAULT_WARMUP_SHARE = 0.15
 TIER_DEMAND_SHARE = {ENTERPRISE: 0.10, PAID: 0.30, FREE: 0.60}
 GPU_COUNT_WEIGHTS = {1: 0.55, 2: 0.20, 4: 0.15, 8: 0.10}
 MIN_WORK_S, MAX_WORK_S = 20.0, 2400.0
@@ -502,12 +504,16 @@ def bursty(
     while t < duration_s:
         length = rng.uniform(60.0, 480.0)
         level = 0.0 if rng.random() < 0.25 else rng.uniform(0.2, BURSTY_MAX_LEVEL)
-        if not level and t + length >= 0.15 * duration_s and not any(seg[2] for seg in segments):
+        if (
+            not level
+            and t + length >= DEFAULT_WARMUP_SHARE * duration_s
+            and not any(seg[2] for seg in segments)
+        ):
             continue  # a quiet start would leave the warm-up empty: draw another
         segments.append((t, min(duration_s, t + length), level))
         t += length
     # Normalised over the measured window (after the default 15 % warm-up).
-    measured = 0.15 * duration_s
+    measured = DEFAULT_WARMUP_SHARE * duration_s
     mean_level = sum(
         (end - max(start, measured)) * level for start, end, level in segments if end > measured
     ) / (duration_s - measured)
