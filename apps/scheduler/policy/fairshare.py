@@ -19,8 +19,10 @@ At each level the child with the lowest *priority key* goes next:
 - A tier below its guaranteed floor, both in GPUs held now and in its load (the blend
   above), is served before any tier at or above its own floor: a tier that had its
   floor lately yields to a burst of the tiers above it; one kept below it for long
-  comes first. Beyond the whole GPUs preemption leaves it, a floor yields to a higher
-  tier whose oldest job has waited past its preemption threshold.
+  comes first: its first GPU at once, the rest once its oldest job has waited the
+  tier's floor wait (`PolicyConfig.tier_floor_wait_s`: free's half an hour). Beyond
+  the whole GPUs preemption leaves it, a floor yields to a higher tier whose oldest job
+  has waited past its preemption threshold.
 - Within a tier (`PolicyConfig.within_tier_fifo`), orgs whose entitlement
   (`Entitlements`: max-min, by weight, capped by demand; rounded up to whole GPUs, as
   jobs take them) covers all they want and what they used lately go first, oldest job
@@ -293,6 +295,7 @@ class FairShareQueue:
         self._running_by_tier = dict(running.by_tier)
         self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
         self._floor_whole_gpus = config.guaranteed_gpus(capacity_gpus)
+        self._floor_wait_s = config.tier_floor_wait_s
         self._tiers: dict[str, _Tier] = {}
         self._size = 0
         self._pick: Pick | None = None
@@ -545,6 +548,8 @@ class FairShareQueue:
         below_floor = (
             held < floor
             and tier.load < floor
+            # Its first GPU at once, the rest of its floor once it has waited for it.
+            and (held < 1 or self._now - oldest >= self._floor_wait_s[tier.name])
             and (held < self._floor_whole_gpus[tier.name] or tier.name not in self._floor_exposed)
         )
         return (
