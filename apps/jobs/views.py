@@ -416,7 +416,10 @@ class GeneratorSchemaView(APIView):
 # The blocking reads of streams (key, job, log) run on these threads, shared by every
 # event loop of the process: their database connections are reused (CONN_MAX_AGE) and
 # bounded, instead of following the life of a loop's default executor.
-STREAM_READS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stream-reads")
+STREAM_READ_THREADS = 4
+STREAM_READS = ThreadPoolExecutor(
+    max_workers=STREAM_READ_THREADS, thread_name_prefix="stream-reads"
+)
 
 
 def stream_read(fn):
