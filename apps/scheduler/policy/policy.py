@@ -141,6 +141,7 @@ class _DispatchRound:
         self._expected_free: dict[tuple, float] = {}  # (types, count) -> expected time
         self._pool_end_cache: dict[int, list[float]] = {}  # pool ordinal -> sorted ends
         self._type_gpus: dict[str, tuple[int, int]] = {}  # type -> (GPUs, free), explaining
+        self._not_reached: dict[tuple, tuple[str, str]] = {}  # job shape -> its reasons
 
     # -- the round ---------------------------------------------------------------------
 
@@ -434,7 +435,16 @@ class _DispatchRound:
 
     def _why_not_reached(self, job: QueuedJob) -> tuple[str, str]:
         """A job the round did not examine: no node could hold it, its GPU types are
-        busy, or others come first."""
+        busy, or others come first. Explaining runs after the decisions, so the reasons
+        depend on the job's shape alone: worked out once per shape (a queue of
+        thousands holds a handful)."""
+        shape = (job.tier, job.preemptible, job.gpu_count, job.gpu_types, job.min_gpu_memory_gb)
+        reasons = self._not_reached.get(shape)
+        if reasons is None:
+            reasons = self._not_reached[shape] = self._why_not_reached_now(job)
+        return reasons
+
+    def _why_not_reached_now(self, job: QueuedJob) -> tuple[str, str]:
         allowed = self.index.allowed_types(job)
         never = self._never_starts(job, allowed)
         if never is not None:
