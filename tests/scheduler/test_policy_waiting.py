@@ -255,6 +255,29 @@ def test_a_job_wider_than_every_node_has_no_estimate_though_the_fleet_has_enough
     assert (waiting["narrow"].position, waiting["narrow"].estimated_start) == (1, NOW + 100)
 
 
+def test_jobs_the_round_did_not_reach_each_read_the_reason_of_their_own_shape():
+    # A full fleet and nobody past a preemption threshold: the round reaches no one, and
+    # each job's reason comes from its shape alone (worked out once per shape).
+    pool = node("h", gpus=4)
+    busy = allocation(
+        "r", pool, range(4), tier="enterprise", org="e", started_at=NOW, preemptible=False
+    )
+    queue = [
+        job("one", tier="paid", org="a", gpus=1, types=("H100",), submitted_at=NOW - 2),
+        job("pair", tier="paid", org="a", gpus=2, types=("H100",), submitted_at=NOW - 2),
+        job("wide", tier="paid", org="b", gpus=8, types=("H100",), submitted_at=NOW - 2),
+        job("stuck", tier="free", org="c", gpus=4, preemptible=False, submitted_at=NOW - 2),
+        job("twin", tier="paid", org="d", gpus=1, types=("H100",), submitted_at=NOW - 1),
+    ]
+    result = schedule_round(snapshot([pool], queue, running=[busy], now=NOW))
+    assert result.decisions == []
+    reasons = {job_id: w.public_reason for job_id, w in waiting_of(result).items()}
+    assert reasons["one"] == reasons["twin"] == "waiting for an H100: 4 of 4 busy"
+    assert reasons["pair"] == "waiting for 2 H100 GPUs: 4 of 4 busy"
+    assert reasons["wide"] == "no active node has 8 GPUs of H100 on one node"
+    assert reasons["stuck"].startswith("a job that cannot be preempted runs within its tier")
+
+
 def test_a_job_that_cannot_be_preempted_waits_for_its_tier_share():
     # Ten GPUs: free keeps 8 (80 %) and holds them; two are idle.
     pool = node("n10", gpus=10)
