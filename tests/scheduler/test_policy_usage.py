@@ -3,6 +3,8 @@
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from apps.scheduler.policy import DecayedUsage, PolicyConfig, accrue, decay, water_fill
 from apps.scheduler.policy.usage import equivalent_gpus
@@ -67,6 +69,49 @@ def test_water_fill_respects_ceilings_and_floors():
     )
     assert shares["e"] == pytest.approx(70.0)
     assert shares["f"] == pytest.approx(30.0)
+
+
+def _progressive_filling(capacity, demands, weights):
+    """Max-min fairness the slow, obvious way: raise everyone unsatisfied by the same
+    level per unit of weight until the capacity or every demand runs out."""
+    share = dict.fromkeys(demands, 0.0)
+    left = capacity
+    active = {key for key, demand in demands.items() if demand > 0}
+    while active and left > 1e-9:
+        weight = sum(weights[key] for key in active)
+        step = min(left / weight, *((demands[k] - share[k]) / weights[k] for k in active))
+        for key in active:
+            share[key] += step * weights[key]
+        left -= step * weight
+        active = {key for key in active if demands[key] - share[key] > 1e-9}
+    return share
+
+
+_claims = st.dictionaries(
+    st.text(alphabet="abcdefgh", min_size=1, max_size=3),
+    st.tuples(
+        st.sampled_from([0.0, 1.0, 2.0, 8.0]) | st.floats(0.0, 50.0),
+        st.sampled_from([1.0, 2.0]) | st.floats(0.1, 10.0),
+    ),
+    max_size=12,
+)
+
+
+@given(capacity=st.floats(0.0, 200.0), claims=_claims)
+def test_water_fill_is_max_min_fair_whatever_the_order_of_the_claimants(capacity, claims):
+    demands = {key: demand for key, (demand, _) in claims.items()}
+    weights = {key: weight for key, (_, weight) in claims.items()}
+    shares = water_fill(capacity, demands, weights)
+    expected = _progressive_filling(capacity, demands, weights)
+    for key in demands:
+        assert shares[key] <= demands[key] + 1e-9
+        assert shares[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-6)
+    # Many claimants saturate at the same level (equal demands and weights): taken as
+    # one group, whatever order the mapping lists them in, to the last bit.
+    reversed_order = water_fill(
+        capacity, dict(reversed(demands.items())), dict(reversed(weights.items()))
+    )
+    assert reversed_order == shares
 
 
 def test_policy_config_rejects_inconsistent_settings():

