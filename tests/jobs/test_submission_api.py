@@ -410,6 +410,24 @@ def test_dedup_returns_the_earlier_result_without_holding_credit(tenant, org, pr
     assert Job.objects.get(pk=reply["id"]).result_path == earlier.result_path
 
 
+def test_a_deduplicated_submission_is_answered_even_when_the_queue_is_full(org, project):
+    # Dedup comes before the queue quota: the reused result queues nothing.
+    org.dedup_enabled, org.max_queued_jobs = True, 1
+    org.save()
+    client = client_with(org_key(org))
+    JobFactory(org=org, project=project)  # the queue is full
+    body = spec_body(project="video")
+    earlier = _succeeded_twin(org, project, body)
+
+    response = submit(client, body)
+
+    assert response.status_code == 202, response.content
+    assert response.json()["reused_from"] == str(earlier.id)
+    another = spec_body(project="video")
+    another["params"] = {**another["params"], "seed": 8}  # no twin: it would queue
+    assert submit(client, another).status_code == 429
+
+
 def test_dedup_is_opt_in_and_never_crosses_orgs(tenant, org, project):
     body = spec_body(project="video")
     other = funded_org(dedup_enabled=True)
