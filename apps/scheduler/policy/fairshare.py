@@ -734,14 +734,14 @@ def water_fill(
     caps = (
         {key: min(demand, ceilings.get(key, demand)) for key, demand in demands.items()}
         if ceilings
-        else dict(demands)
+        else demands
     )
     share = dict.fromkeys(demands, 0.0)
     # Claimants in order of how soon they saturate (cap per unit of weight): each one
     # either takes its cap or, with everyone after it, the level left. O(n log n), the
     # sort on floats alone. Claimants that saturate at the same level are taken as one
     # group, their sums exact (fsum): no tie needs an order of its own, so none is
-    # broken by comparing keys (20,000 one-job orgs: 46 -> 5 ms).
+    # broken by comparing keys (20,000 orgs of weight 1: 14-22 -> 7-11 ms a call).
     keys = [key for key, cap in caps.items() if cap > 0]
     claim_weights = [weights.get(key, 1.0) for key in keys]
     per_weight = [caps[key] / weight for key, weight in zip(keys, claim_weights, strict=True)]
