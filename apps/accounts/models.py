@@ -1,9 +1,9 @@
 """Tenancy: orgs (with tier and fair-share weight), projects, users and API keys."""
 
-import uuid
-
 from django.db import models
 from django.db.models import Q
+
+from apps.core.ids import new_id
 
 
 class Tier(models.TextChoices):
@@ -13,7 +13,7 @@ class Tier(models.TextChoices):
 
 
 class Org(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     name = models.CharField(max_length=200, unique=True)
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.FREE, db_index=True)
     weight = models.FloatField(default=1.0, help_text="Fair-share weight within its tier.")
@@ -41,7 +41,7 @@ class Org(models.Model):
 
 
 class Project(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="projects")
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -57,7 +57,7 @@ class Project(models.Model):
 class User(models.Model):
     """A tenant's member: who submits jobs. Not a Django login (operators use auth.User)."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="users")
     name = models.CharField(max_length=200)
     weight = models.FloatField(default=1.0, help_text="Fair-share weight within its org.")
@@ -87,7 +87,7 @@ class APIKey(models.Model):
     optionally narrows to one project and/or one user.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     name = models.CharField(max_length=200, blank=True)
     prefix = models.CharField(max_length=16, db_index=True)
     digest = models.CharField(max_length=64, unique=True)

@@ -1,12 +1,11 @@
 """Jobs: the job spec and state, each attempt to run it, and the append-only event log."""
 
-import uuid
-
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
 from apps.accounts.models import Tier
+from apps.core.ids import new_id
 
 
 class JobStatus(models.TextChoices):
@@ -42,7 +41,7 @@ def default_webhook_events() -> list[str]:
 
 
 class Job(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     # No index of its own: job_org_recent and job_org_status lead with org (every
     # submission inserts into each index of this table).
     org = models.ForeignKey(
@@ -208,7 +207,7 @@ class ExitClass(models.TextChoices):
 class Attempt(models.Model):
     """One placement of a job on GPUs of one node; priced at placement."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="attempts")
     # The job's org, copied at placement: an org's spend over a window is read through
     # attempt_org_ended (its attempts by end), not through every job it ever ran.

@@ -18,13 +18,12 @@ Bucket.held caches held + captured; Bucket.consumed and Bucket.expired cache the
 accounts; granted = -issued; available = granted - consumed - held - expired.
 """
 
-import uuid
-
 from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 
 from apps.accounts.models import Org, Project, User
+from apps.core.ids import new_id
 from apps.ledger.allocation import KIND_RANK
 
 
@@ -39,7 +38,7 @@ class BucketKind(models.TextChoices):
 
 
 class Bucket(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     # Few indexes on the rows every reserve and settle writes: each costs index
     # maintenance and a relation lock, and PostgreSQL keeps only 16 relation locks per
     # transaction off its shared lock table. The org is indexed by bucket_org_expiry;
@@ -151,7 +150,7 @@ class HoldState(models.TextChoices):
 class Hold(models.Model):
     """Credit reserved for one job, captured as it is used, settled exactly once."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     org = models.ForeignKey(
         Org, on_delete=models.PROTECT, related_name="credit_holds", db_index=False
     )  # indexed by the (org, idempotency_key) constraint
@@ -400,7 +399,7 @@ class Budget(models.Model):
     capture in the month it settles). A hard budget keeps held + consumed <= limit.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     # Indexed by the budget_per_scope constraint (org first); see Bucket.org.
     org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="budgets", db_index=False)
     project = models.ForeignKey(

@@ -97,6 +97,20 @@ def test_submission_is_accepted_queued_with_a_hold_for_the_priciest_allowed_type
     assert event.at is not None and event.data["amount"] == expected
 
 
+def test_successive_submissions_get_time_ordered_job_and_hold_ids(tenant, project):
+    # Version-7 ids keep each index's inserts on its right-most leaves (apps/core/ids.py).
+    jobs = []
+    for _ in range(3):
+        response = submit(tenant, spec_body(project=str(project.id)))
+        assert response.status_code == 202, response.content
+        jobs.append(Job.objects.select_related("hold").get(pk=response.json()["id"]))
+
+    assert [job.id.version for job in jobs] == [7, 7, 7]
+    assert [job.hold.id.version for job in jobs] == [7, 7, 7]
+    assert sorted(jobs, key=lambda job: job.id) == jobs
+    assert sorted(jobs, key=lambda job: job.hold.id) == jobs
+
+
 def test_hold_uses_only_types_that_meet_the_memory_floor(tenant, project):
     body = spec_body(
         project="video",

@@ -38,6 +38,7 @@ from django.utils import timezone
 from apps.accounts import selectors as accounts
 from apps.accounts.models import APIKey, Org, Project, User
 from apps.core.errors import Conflict
+from apps.core.ids import new_id
 from apps.core.logging import current_request_id
 from apps.core.sql import NowPlus, insert_statement, mark_inserted
 from apps.core.wakeup import wake_dispatcher
@@ -247,7 +248,7 @@ def _admit(
                 transaction.on_commit(
                     functools.partial(admission.remember_queued, org.id, snapshot.queued + 1)
                 )
-        job_id, hold_id = uuid.uuid4(), uuid.uuid4()
+        job_id, hold_id = new_id(), new_id()
         amount = hold_amount(spec, allowed)
         job = Job(id=job_id, status=JobStatus.QUEUED, hold_id=hold_id, **common)
         event = JobEvent(

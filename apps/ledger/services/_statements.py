@@ -22,6 +22,7 @@ from datetime import datetime
 
 import psycopg
 
+from apps.core.ids import new_id
 from apps.ledger.metrics import count, count_moved
 from apps.ledger.models import Account
 from apps.ledger.services._transaction import LOCK_NOT_HELD, LedgerTransaction, refused
@@ -48,7 +49,7 @@ class Changes:
 
     at: datetime
     org_id: uuid.UUID | None = None
-    txn: uuid.UUID = field(default_factory=uuid.uuid4)
+    txn: uuid.UUID = field(default_factory=new_id)
     new_hold: dict | None = None
     entries: list[tuple] = field(default_factory=list)
     bucket_deltas: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0]))

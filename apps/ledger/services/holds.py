@@ -22,6 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from apps.core.clock import db_now
 from apps.core.errors import Conflict, GantryError, InsufficientCredits
+from apps.core.ids import new_id
 from apps.ledger.allocation import BURN_ORDER_SQL, Source, burn_key, plan_draw
 from apps.ledger.metrics import count, count_budget_alerts
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
@@ -257,7 +258,7 @@ def reserve(
     check_scope(org=org, project=project, user=user)
     project_id, user_id = getattr(project, "pk", None), getattr(user, "pk", None)
     request = (amount, project_id, user_id)
-    hold_id = hold_id or uuid.uuid4()
+    hold_id = hold_id or new_id()
     lane = preferred_lane()
     params = {
         "hold": hold_id,
@@ -269,7 +270,7 @@ def reserve(
         "key": idempotency_key,
         "expires_at": expires_at,
         "ttl": ledger_setting("HOLD_TTL_S", DEFAULT_HOLD_TTL_S),
-        "txn": uuid.uuid4(),
+        "txn": new_id(),
         "g_org": org.pk,
         "g_project": project_id,
         "g_user": user_id,

@@ -27,6 +27,7 @@ from datetime import datetime
 
 from apps.core.clock import db_now
 from apps.core.errors import GantryError
+from apps.core.ids import new_id
 from apps.ledger.allocation import Slot, burn_key, headroom, split_capture
 from apps.ledger.metrics import count
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
@@ -322,7 +323,7 @@ def _capture_due(hold: LockedHold, now: datetime, interval: float) -> bool:
 def _capture(hold: LockedHold, due: int, slots: dict, changes: Changes, *, now) -> None:
     """Charge `due` new usage, accrued since the last meter, to the hold's allocations."""
     since = hold.metered_at or hold.created_at
-    txn = uuid.uuid4()
+    txn = new_id()
     charged = split_capture(due, slots.get(hold.pk, []), since=since, now=max(now, since))
     for slot, amount, until in charged:
         changes.allocation(slot.allocation_id, captured=amount)

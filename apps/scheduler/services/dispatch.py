@@ -39,6 +39,7 @@ from django.db.models.functions import Now
 
 from apps.accounts import selectors as accounts
 from apps.core import locks, wakeup
+from apps.core.ids import new_id
 from apps.core.logging import job_log_context
 from apps.fleet.models import Gpu, NodeState, node_queue
 from apps.jobs import queue_state
@@ -142,7 +143,7 @@ def _round_if_free() -> TickResult | None:
         metrics.POLICY_SECONDS.observe(apply_started - policy_started)
         result = TickResult(ran=True, queued_loaded=snapshot.queued_loaded)
         result.decisions = apply_decisions(
-            decisions, tick=uuid.uuid4(), budget_s=settings.GANTRY_DISPATCH_APPLY_BUDGET_S
+            decisions, tick=new_id(), budget_s=settings.GANTRY_DISPATCH_APPLY_BUDGET_S
         )
         applied = time.perf_counter()
         result.deferred = len(decisions) - len(result.decisions)
