@@ -4,6 +4,7 @@ import math
 import threading
 import uuid
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test import override_settings
@@ -15,6 +16,7 @@ from apps.jobs import selectors
 from apps.jobs.models import Job, JobEvent, JobStatus, QuarantinedFingerprint
 from apps.jobs.services import admission
 from apps.jobs.services.spec import JobSpec, fingerprint_of
+from apps.ledger import selectors as ledger_selectors
 from apps.ledger import services as ledger
 from apps.ledger.models import Hold
 from tests.conftest import client_with
@@ -109,6 +111,26 @@ def test_successive_submissions_get_time_ordered_job_and_hold_ids(tenant, projec
     assert [job.hold.id.version for job in jobs] == [7, 7, 7]
     assert sorted(jobs, key=lambda job: job.id) == jobs
     assert sorted(jobs, key=lambda job: job.hold.id) == jobs
+
+
+def test_a_key_past_its_lock_still_cannot_hold_credit_twice(tenant, org, project, monkeypatch):
+    # The hold's own key is its job's id, so what stops a second hold for one
+    # Idempotency-Key is the job's unique key in the same transaction.
+    assert submit(tenant, spec_body(project=str(project.id)), key="twice").status_code == 202
+    held_before = ledger_selectors.balance(org=org)["held"]
+    # As if the lock and the read had missed the first job (they cannot).
+    monkeypatch.setattr(
+        admission,
+        "lock_and_read",
+        lambda *args, **kwargs: admission.AdmissionSnapshot(None, False, 0),
+    )
+
+    with pytest.raises(psycopg.errors.UniqueViolation, match="job_idempotency_key_per_org"):
+        submit(tenant, spec_body(project=str(project.id)), key="twice")
+
+    assert Hold.objects.filter(org=org).count() == 1
+    assert Job.objects.filter(org=org).count() == 1
+    assert ledger_selectors.balance(org=org)["held"] == held_before
 
 
 def test_hold_uses_only_types_that_meet_the_memory_floor(tenant, project):

@@ -16,8 +16,11 @@ Idempotency: the Idempotency-Key is scoped to the org, or to the project of a
 project-bound API key. Concurrent submissions with one
 key serialise on a transaction-scoped advisory lock; the first creates the job and its
 hold, the others find the job and answer it again (same id, its current state). The
-same key with a different request body is a 409. The hold's own idempotency key is
-derived from the org and the Idempotency-Key, so credits are never held twice.
+same key with a different request body is a 409. Credits are never held twice for one
+key: the hold is made in the transaction that inserts the job, and the job's key is
+unique per org (the lock only spares the loser a rollback). The hold's own
+idempotency key is its job's id, time-ordered like the id (apps.core.ids), so it lands
+at the right edge of the org's part of the holds' key index.
 A submission that fails (402, 403, 429...) leaves nothing behind and may be retried
 with the same key.
 """
@@ -25,7 +28,6 @@ with the same key.
 from __future__ import annotations
 
 import functools
-import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -65,11 +67,6 @@ class Submission:
     replayed: bool = False
     deduplicated: bool = False
     allowed_types: list[GpuTypeInfo] = field(default_factory=list)
-
-
-def hold_key(org_id, idempotency_key: str) -> str:
-    digest = hashlib.sha256(f"{org_id}|{idempotency_key}".encode()).hexdigest()
-    return f"job-submit:{digest}"
 
 
 def scoped_idempotency_key(idempotency_key: str, *, project_id) -> str:
@@ -267,7 +264,7 @@ def _admit(
         job.hold = ledger.reserve(
             org=org,
             amount=amount,
-            idempotency_key=hold_key(org.id, key),
+            idempotency_key=f"job:{job_id}",
             project=project,
             user=user,
             job_id=job_id,
