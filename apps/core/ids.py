@@ -5,8 +5,9 @@ platform's sizes that leaf is rarely in memory, and the first write to each leaf
 checkpoint logs a full 8 KB page image. A version-7 id starts with its millisecond, so
 the rows of one moment share the right-most leaves of every index keyed by them (the
 primary keys, and the foreign keys that point at new rows: a job's hold, an entry's
-job). The id still carries 74 random bits, so it cannot be guessed; it does reveal its
-creation time to the millisecond, which the API shows anyway (`created_at`).
+job). After its millisecond the id is random (less a counter that keeps one process's
+ids in order), so it cannot be guessed; it does reveal its creation time to the
+millisecond, which the API shows anyway (`created_at`).
 """
 
 from __future__ import annotations
