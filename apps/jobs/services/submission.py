@@ -18,7 +18,8 @@ key serialise on a transaction-scoped advisory lock; the first creates the job a
 hold, the others find the job and answer it again (same id, its current state). The
 same key with a different request body is a 409. Credits are never held twice for one
 key: the hold is made in the transaction that inserts the job, and the job's key is
-unique per org (the lock only spares the loser a rollback). The hold's own
+unique per org (the lock is what lets a concurrent duplicate answer the first job
+instead of failing on that key). The hold's own
 idempotency key is its job's id, time-ordered like the id (apps.core.ids), so it lands
 at the right edge of the org's part of the holds' key index.
 A submission that fails (402, 403, 429...) leaves nothing behind and may be retried
