@@ -1,11 +1,19 @@
-"""Fair share: weights, FIFO within a user, decayed usage, aging, floors and ceilings."""
+"""Fair share: weights, each tier's queue order, decayed usage, aging, floors and ceilings."""
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
-from apps.scheduler.policy import Place, PolicyConfig, UsageSnapshot, policy_with, schedule
+from apps.scheduler.policy import (
+    Place,
+    PolicyConfig,
+    Preempt,
+    UsageSnapshot,
+    policy_with,
+    schedule,
+)
 from apps.scheduler.policy.builders import allocation, job, node, snapshot
 
 NOW = 10_000.0
@@ -66,6 +74,57 @@ def test_jobs_of_one_user_start_oldest_first():
     queue = [job("young", submitted_at=50.0), job("old", submitted_at=10.0)]
     decisions = schedule(snapshot([node("n0", gpus=1)], queue, now=60.0))
     assert [d.job_id for d in decisions] == ["old"]
+
+
+def test_a_shorter_paid_job_goes_ahead_of_a_longer_one_submitted_a_little_earlier():
+    # With half a second per second of max runtime for paid, the 10-minute job's place
+    # in the queue is t=300 and the 1-minute job's t=70.
+    queue = [
+        job("long", max_runtime_s=600.0, submitted_at=0.0),
+        job("short", max_runtime_s=60.0, submitted_at=40.0),
+    ]
+
+    def first(jobs, config=None):
+        decisions = schedule(snapshot([node("n0", gpus=1)], jobs, now=60.0, config=config))
+        return [d.job_id for d in decisions]
+
+    shorter_first = policy_with({"queue_delay_per_runtime_s": {"paid": 0.5}})
+    assert first(queue, shorter_first) == ["short"]
+    # Submission order: the default, and another tier's jobs under paid's setting.
+    assert first(queue) == ["long"]
+    assert first([replace(j, tier="enterprise") for j in queue], shorter_first) == ["long"]
+
+
+def test_a_longer_job_is_passed_only_by_jobs_whose_place_comes_before_its_own():
+    # One second per second of runtime: the 2-minute job's place is t=120. A 1-minute
+    # job submitted at t=50 takes its place at t=110 and goes first; one submitted at
+    # t=70 takes it at t=130, after the older job.
+    config = policy_with({"queue_delay_per_runtime_s": {"paid": 1.0}})
+
+    def first(short_submitted_at):
+        queue = [
+            job("two-minutes", max_runtime_s=120.0, submitted_at=0.0),
+            job("one-minute", max_runtime_s=60.0, org="other", submitted_at=short_submitted_at),
+        ]
+        decisions = schedule(snapshot([node("n0", gpus=1)], queue, now=80.0, config=config))
+        return [d.job_id for d in decisions]
+
+    assert first(50.0) == ["one-minute"]
+    assert first(70.0) == ["two-minutes"]
+
+
+def test_a_tier_waits_from_its_oldest_submission_whatever_its_jobs_places():
+    # A paid job that declared an hour and waited past paid's threshold preempts a
+    # free job: its place in the queue (an hour after submission) orders it among paid
+    # jobs, not how long its tier has waited.
+    threshold = PolicyConfig().preemption_wait_s["paid"]
+    now = 10_000.0
+    busy = node("n0", gpus=1)
+    free = allocation("free-alloc", busy, [0], tier="free", org="free-org", started_at=now - 5)
+    queue = [job("paid", max_runtime_s=3600.0, submitted_at=now - threshold - 1)]
+    config = policy_with({"tier_floors": NO_FLOORS, "queue_delay_per_runtime_s": {"paid": 1.0}})
+    decisions = schedule(snapshot([busy], queue, running=[free], now=now, config=config))
+    assert [d.for_job_id for d in decisions if isinstance(d, Preempt)] == ["paid"]
 
 
 def test_an_org_that_used_more_recently_goes_after_one_that_did_not():
@@ -306,6 +365,8 @@ def test_a_fifo_slack_below_one_is_refused():
         PolicyConfig(within_tier_fifo_slack=0.5)
     with pytest.raises(ValueError, match="within_tier_fifo_backlog_s"):
         PolicyConfig(within_tier_fifo_backlog_s=-1.0)
+    with pytest.raises(ValueError, match=r"queue_delay_per_runtime_s\.paid"):
+        policy_with({"queue_delay_per_runtime_s": {"paid": -1.0}})
 
 
 def test_a_newcomers_one_job_goes_before_floods_on_a_pool_with_fewer_gpus_than_orgs():

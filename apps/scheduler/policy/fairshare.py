@@ -1,4 +1,4 @@
-"""Hierarchical weighted fair-share order of the queue: tier → org → user → FIFO.
+"""Hierarchical weighted fair-share order of the queue: tier → org → user → place in line.
 
 At each level the child with the lowest *priority key* goes next:
 
@@ -33,9 +33,13 @@ At each level the child with the lowest *priority key* goes next:
   runtime), every org of it is served so: a burst the tier drains in minutes goes in
   submission order, a heavy tenant's jobs included; a flood, or a tier kept short of
   GPUs, keeps fair share.
-- Within a user, jobs are offered oldest first (FIFO; ties in snapshot order); a younger job that
-  fits may still start while an older one cannot (backfill, which reservations keep
-  from delaying the older one).
+- Within a user, jobs are offered by their place in the tier's queue, ties in snapshot
+  order: their submission time, plus `PolicyConfig.queue_delay_per_runtime_s` seconds
+  per second of max runtime (0 by default: submission order; above 0, shorter jobs go
+  ahead of a longer one submitted a little earlier). "Oldest" above means the earliest
+  place, except where tiers are compared (tier aging, floors) and for a tier's wait
+  before it preempts, which count from submission. A job behind may still start while
+  the one ahead cannot (backfill, which reservations keep from delaying the one ahead).
 
 Each step (peek, then consume) costs O(log users + log orgs) amortised: keys live in
 lazy binary heaps (stale entries are dropped when they surface) and only the path of
@@ -48,7 +52,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -152,7 +156,7 @@ class _User:
 
     def __init__(self, name: str, jobs: list[QueuedJob]):
         self.name = name
-        self.jobs = jobs  # FIFO; jobs[head] is the next one
+        self.jobs = jobs  # by place in the queue; jobs[head] is the next one
         self.head = 0
         self.load = 0.0
         self.fair = 1.0
@@ -187,14 +191,16 @@ class _Org:
         self.fair = 1.0
         self.lately = 0.0  # its decayed past usage, in GPUs held on average
         self.fifo = False  # served oldest first among such orgs (`within_tier_fifo`)
-        self.oldest = math.inf  # submission time of its users' oldest queued job
+        self.oldest = math.inf  # the earliest place in the queue of its users' jobs
         self.version = 0  # of its entry in its tier's heap by key
         self.age_version = 0  # of its entry in its tier's heap by age
 
 
 class _Tier:
     __slots__ = (
+        "by_submission",
         "fair",
+        "gone",
         "key",
         "load",
         "name",
@@ -215,6 +221,10 @@ class _Tier:
         self.fair = 1.0
         self.queued = 0
         self.key: tuple | None = None  # cached priority key; None when stale
+        # Where jobs do not take their place in the queue at submission: a lazy min-heap
+        # of its jobs by submission time (submitted_at, n, id), and the ids consumed.
+        self.by_submission: list[tuple] | None = None
+        self.gone: set = set()
 
 
 def _live_top(heap: list[tuple], members: dict):
@@ -226,6 +236,17 @@ def _live_top(heap: list[tuple], members: dict):
             return member
         heapq.heappop(heap)
     return None
+
+
+def _first_submitted(tier: _Tier) -> float:
+    """Submission time of the tier's oldest queued job (the tier must have jobs)."""
+    heap = tier.by_submission
+    if heap is None:  # jobs take their place at submission: the first org's is the oldest
+        return _oldest_org(tier).oldest
+    gone = tier.gone
+    while heap[0][2] in gone:
+        heapq.heappop(heap)
+    return heap[0][0]
 
 
 def _oldest_org(tier: _Tier) -> _Org:
@@ -296,6 +317,7 @@ class FairShareQueue:
         self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
         self._floor_whole_gpus = config.guaranteed_gpus(capacity_gpus)
         self._floor_wait_s = config.tier_floor_wait_s
+        self._place = {t: _place_in_queue(config.queue_delay_per_runtime_s[t]) for t in TIERS}
         self._tiers: dict[str, _Tier] = {}
         self._size = 0
         self._pick: Pick | None = None
@@ -379,6 +401,7 @@ class FairShareQueue:
             if tier_name not in TIER_RANK:
                 raise ValueError(f"unknown tier {tier_name!r}")
             tier = _Tier(tier_name, config.tier_weights[tier_name])
+            place = self._place[tier_name]
             oldest_unclaimed = math.inf
             work = queued_work_by_tier.get(tier_name, 0.0)
             for org_name, users in orgs.items():
@@ -395,9 +418,10 @@ class FairShareQueue:
                     if shown is not None and (tier_name, org_name, user_name) not in shown:
                         user_depth = 0
                     if len(group) > 1:
-                        # FIFO; stable: ties keep snapshot order (linear when listed
-                        # oldest first, as the dispatcher and the simulator do).
-                        group.sort(key=_FIFO_ORDER)
+                        # By place in the queue (FIFO where it is the submission time);
+                        # stable: ties keep snapshot order (linear when listed oldest
+                        # first, as the dispatcher and the simulator do).
+                        group.sort(key=place)
                     if len(group) > user_depth:
                         deeper = group[user_depth:]
                         del group[user_depth:]
@@ -412,7 +436,8 @@ class FairShareQueue:
                         if job.claimed_node is None:
                             if job.submitted_at < oldest_unclaimed:
                                 oldest_unclaimed = job.submitted_at
-                            break
+                            if place is _FIFO_ORDER:
+                                break  # in FIFO order the first unclaimed is the oldest
                     if exclude:
                         group = [job for job in group if job.id not in exclude]
                         if not group:
@@ -463,6 +488,7 @@ class FairShareQueue:
                     org.fifo = self._entitled_to_all(tier.name, org, running)
                 user_fair = org.fair / len(org.users)
                 users_by_key, users_by_age = org.users_by_key, org.users_by_age
+                place = self._place[tier.name]
                 oldest = math.inf
                 for user_name, user in org.users.items():
                     user.fair = user_fair
@@ -470,18 +496,11 @@ class FairShareQueue:
                     user.load = load = blend * running_by_user.get(key, 0) + past_weight * (
                         usage_by_user.get(key, 0.0) * ln2 / half_life
                     )
-                    submitted_at = user.jobs[0].submitted_at
-                    users_by_key.append(
-                        (
-                            load / user_fair - aging * (now - submitted_at),
-                            submitted_at,
-                            user_name,
-                            0,
-                        )
-                    )
-                    users_by_age.append((submitted_at, user_name, 0))
-                    if submitted_at < oldest:
-                        oldest = submitted_at
+                    at = place(user.jobs[0])
+                    users_by_key.append((load / user_fair - aging * (now - at), at, user_name, 0))
+                    users_by_age.append((at, user_name, 0))
+                    if at < oldest:
+                        oldest = at
                 if len(users_by_key) > 1:
                     heapq.heapify(users_by_key)
                     heapq.heapify(users_by_age)
@@ -490,6 +509,17 @@ class FairShareQueue:
                 orgs_by_age.append((oldest, org_name, 0))
             heapq.heapify(orgs_by_key)
             heapq.heapify(orgs_by_age)
+            if self._place[tier.name] is not _FIFO_ORDER:
+                tier.by_submission = by_submission = [
+                    (job.submitted_at, n, job.id)
+                    for n, job in enumerate(
+                        job
+                        for org in tier.orgs.values()
+                        for user in org.users.values()
+                        for job in user.jobs
+                    )
+                ]
+                heapq.heapify(by_submission)
 
     def _entitled_to_all(self, tier: str, org: _Org, running: RunningGpus) -> bool:
         """Whether the org's max-min entitlement covers all it wants (held + queued) and
@@ -539,7 +569,7 @@ class FairShareQueue:
         return (1, self._aged(org.load / org.fair, oldest, self._aging), oldest)
 
     def _tier_key(self, tier: _Tier) -> tuple:
-        oldest = _oldest_org(tier).oldest
+        oldest = _first_submitted(tier)
         # Below its floor both now and lately (its load): a tier that had its floor
         # lately does not take every GPU freed in a burst of the tiers above it, and one
         # that holds its floor now is not served first for having had little before.
@@ -572,7 +602,7 @@ class FairShareQueue:
         entry = self._tiers.get(tier)
         if entry is None or not entry.queued:
             return None
-        return _oldest_org(entry).oldest
+        return _first_submitted(entry)
 
     def heads_by_org_priority(
         self, tier: str, extra_load: Mapping[str, float], aging_shares_per_hour: float
@@ -654,7 +684,10 @@ class FairShareQueue:
         # so they are replaced there; only what changed is re-keyed.
         tier, org, user = path
         jobs, name = user.jobs, user.name
-        was_at = jobs[user.head].submitted_at
+        place = self._place[tier.name]
+        if tier.by_submission is not None:
+            tier.gone.add(jobs[user.head].id)
+        was_at = place(jobs[user.head])
         user.head += 1
         user.version += 1
         tier.queued -= 1
@@ -668,7 +701,7 @@ class FairShareQueue:
             running[tier.name] = running.get(tier.name, 0) + placed_gpus
             tier.key = None
         if user.head < len(jobs):
-            at = jobs[user.head].submitted_at
+            at = place(jobs[user.head])
             key = user.load / user.fair - self._aging * (self._now - at)
             heapq.heapreplace(org.users_by_key, (key, at, name, user.version))
             heapq.heappush(org.users_by_age, (at, name, user.version))
@@ -684,7 +717,7 @@ class FairShareQueue:
         rekey = placed_gpus
         if was_at <= org.oldest:  # it held the org's oldest job: the org may have aged
             oldest_user = _live_top(org.users_by_age, org.users)
-            oldest = oldest_user.jobs[oldest_user.head].submitted_at
+            oldest = place(oldest_user.jobs[oldest_user.head])
             if oldest != org.oldest:
                 org.oldest = oldest
                 org.age_version += 1
@@ -716,6 +749,20 @@ def oldest_unclaimed_at_most(jobs: Iterable[QueuedJob]) -> dict[str, float]:
 
 
 _FIFO_ORDER = attrgetter("submitted_at")  # the sort is stable: ties keep snapshot order
+
+
+def _place_in_queue(delay_per_runtime_s: float) -> Callable[[QueuedJob], float]:
+    """A job's place in its tier's queue (`PolicyConfig.queue_delay_per_runtime_s`): its
+    submission time, plus that many seconds per second of its max runtime."""
+    if not delay_per_runtime_s:
+        return _FIFO_ORDER
+
+    def place(job: QueuedJob) -> float:
+        return job.submitted_at + delay_per_runtime_s * job.max_runtime_s
+
+    return place
+
+
 _GPU_COUNT = attrgetter("gpu_count")
 
 

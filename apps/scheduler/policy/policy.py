@@ -17,7 +17,7 @@ towards their org's demand, with the snapshot's `backlog`.
    unless a job of a higher tier finds its only victims there: the drain then gives way
    to that preemption, and the job may be granted another node.
 3. Fair-share round. Queued jobs are taken in hierarchical fair-share order
-   (`FairShareQueue`: tier → org → user → FIFO). Each starts best-fit on one node of its
+   (`FairShareQueue`: tier → org → user → place in line). Each starts best-fit on one node of its
    most preferred allowed type with room, respecting the reservations; beyond its
    tier's ceiling only a preemptible job starts, borrowing GPUs nobody else takes
    (work conservation). One that cannot start preempts if it has waited past its
