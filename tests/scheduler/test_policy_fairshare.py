@@ -113,6 +113,11 @@ def test_a_longer_job_is_passed_only_by_jobs_whose_place_comes_before_its_own():
     assert first(70.0) == ["two-minutes"]
 
 
+def test_a_negative_delay_per_second_of_runtime_is_refused():
+    with pytest.raises(ValueError, match=r"queue_delay_per_runtime_s\.paid"):
+        policy_with({"queue_delay_per_runtime_s": {"paid": -1.0}})
+
+
 def test_a_tier_waits_from_its_oldest_submission_whatever_its_jobs_places():
     # A paid job that declared an hour and waited past paid's threshold preempts a
     # free job: its place in the queue (an hour after submission) orders it among paid
@@ -365,8 +370,6 @@ def test_a_fifo_slack_below_one_is_refused():
         PolicyConfig(within_tier_fifo_slack=0.5)
     with pytest.raises(ValueError, match="within_tier_fifo_backlog_s"):
         PolicyConfig(within_tier_fifo_backlog_s=-1.0)
-    with pytest.raises(ValueError, match=r"queue_delay_per_runtime_s\.paid"):
-        policy_with({"queue_delay_per_runtime_s": {"paid": -1.0}})
 
 
 def test_a_newcomers_one_job_goes_before_floods_on_a_pool_with_fewer_gpus_than_orgs():
