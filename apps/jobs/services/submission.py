@@ -29,7 +29,6 @@ with the same key.
 from __future__ import annotations
 
 import functools
-import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -144,7 +143,7 @@ def submit_job(
         project=project,
         spec=spec,
         user=user,
-        key=idempotency_key or f"internal:{uuid.uuid4()}",
+        key=idempotency_key or f"internal:{new_id()}",
         request_digest=request_digest,
         actor=actor,
         reason=reason,
