@@ -16,6 +16,12 @@ Shapes:
   power law (the first sends about a fifth); 1, 2, 4 and 8 GPUs (55 / 15 / 18 / 12 %),
   any type; run times log-normal around 15 minutes, up to 2 hours; arrivals rise and
   fall over two-hour cycles; half of the enterprise jobs cannot be preempted.
+- `inference-and-training`: about 12,900 jobs over 2 hours from 300 orgs (5 % enterprise,
+  25 % paid, 70 % free; volumes fall off as a power law), arrivals rising and falling
+  over a two-hour cycle: 93 % single-GPU inference requests (log-normal around 20 s),
+  7 % training runs of 2, 4 or 8 GPUs (log-normal around 30 minutes); half of the rows
+  constrain the GPU type to H100 or A100; free is always preemptible, paid mostly, and
+  enterprise's training mostly not.
 
 Columns: submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible (see
 ../shared/traces/README.md). Seeded: the same arguments write the same file.
@@ -89,10 +95,41 @@ def gang_heavy(rng: random.Random) -> list[tuple]:
         rows.append((int(now), int(run_s), gpus, "", tier, org, user, str(preemptible).lower()))
 
 
+def inference_and_training(rng: random.Random) -> list[tuple]:
+    orgs = [f"c{i}" for i in range(300)]
+    tiers = {
+        org: rng.choices(("enterprise", "paid", "free"), (0.05, 0.25, 0.70))[0] for org in orgs
+    }
+    volume = [1 / (i + 1) ** 1.1 for i in range(len(orgs))]
+    rows, now, span = [], 0.0, 2 * 3600
+    while True:
+        rate = 1.6 * (1 + 0.8 * math.sin(2 * math.pi * now / 7200)) + 0.2  # jobs per second
+        now += rng.expovariate(rate)
+        org = rng.choices(orgs, volume)[0]
+        tier = tiers[org]
+        if rng.random() < 0.93:  # an inference request
+            run_s, gpus = max(2, rng.lognormvariate(math.log(20), 0.9)), 1
+        else:  # a training run
+            run_s, gpus = rng.lognormvariate(math.log(1800), 0.8), rng.choice((2, 4, 8))
+        preemptible = (
+            tier == "free"
+            or (tier == "paid" and rng.random() < 0.8)
+            or (tier == "enterprise" and rng.random() < 0.4)
+        )
+        types = rng.choice(("", "", "", "H100", "A100", "H100|A100"))
+        user = f"{org}-u{rng.randrange(4)}"
+        if now >= span:
+            return rows
+        rows.append(
+            (round(now, 3), round(run_s, 1), gpus, types, tier, org, user, str(preemptible).lower())
+        )
+
+
 SHAPES = {
     "heavy-tenants": (heavy_tenants, 3),
     "short-requests": (short_requests, 5),
     "gang-heavy": (gang_heavy, 1),
+    "inference-and-training": (inference_and_training, 34),
 }
 
 

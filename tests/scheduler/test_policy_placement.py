@@ -215,3 +215,49 @@ def test_a_tier_entitled_to_most_of_the_pool_drains_a_node_for_its_multi_gpu_job
     decisions = schedule(snapshot(fleet, queue, running=running, now=60.0))
 
     assert [d.job_id for d in decisions if isinstance(d, Reserve)] == ["pair"]
+
+
+def _node_draining_for_a_free_gang_job(gang_tier: str = "free"):
+    """n0 frees up at t=100 and has one GPU free now; n1 is full until t=1000. An 8-GPU
+    job of `gang_tier` has waited since t=0 and gets n0 drained for it; a paid job of
+    500 s (it would end after the drain is due) arrives at t=5."""
+    fleet = [node("n0", gpus=8), node("n1", gpus=8)]
+    running = [
+        allocation("r0", fleet[0], range(7), tier="free", org="f0", max_runtime_s=100.0),
+        allocation("r1", fleet[1], range(8), tier="free", org="f1", max_runtime_s=1000.0),
+    ]
+    queue = [
+        job("gang", tier=gang_tier, gpus=8, org="g", submitted_at=0.0),
+        job("paid", tier="paid", org="p", submitted_at=5.0, max_runtime_s=500.0),
+    ]
+    return fleet, running, queue
+
+
+def test_a_drain_for_a_lower_tier_keeps_its_free_gpu_from_a_paid_job_by_default():
+    fleet, running, queue = _node_draining_for_a_free_gang_job()
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+
+    assert [(d.job_id, d.node) for d in decisions if isinstance(d, Reserve)] == [("gang", "n0")]
+    assert "paid" not in places(decisions)
+
+
+def test_with_free_drains_yielding_a_paid_job_takes_the_free_gpu_of_a_node_draining_for_free():
+    config = policy_with({"drains_yield_to_higher_tiers": {"free": True}})
+    fleet, running, queue = _node_draining_for_a_free_gang_job()
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
+
+    assert places(decisions)["paid"].node == "n0"
+    assert [(d.job_id, d.node) for d in decisions if isinstance(d, Reserve)] == [("gang", "n0")]
+
+
+def test_with_every_drain_yielding_a_drain_for_the_jobs_own_tier_still_holds():
+    every = {"free": True, "paid": True, "enterprise": True}
+    config = policy_with({"drains_yield_to_higher_tiers": every})
+    fleet, running, queue = _node_draining_for_a_free_gang_job(gang_tier="paid")
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
+
+    assert [(d.job_id, d.node) for d in decisions if isinstance(d, Reserve)] == [("gang", "n0")]
+    assert "paid" not in places(decisions)

@@ -203,6 +203,7 @@ def test_the_synthetic_traces_replay_whole_in_the_shapes_they_promise(tmp_path):
         ("heavy-tenants", 8000, 4, 0.5, {1, 2, 4, 8}),
         ("short-requests", 26_000, 10, 0.3, {1}),
         ("gang-heavy", 1081, 1, 0.15, {1, 2, 4, 8}),
+        ("inference-and-training", 12_919, 10, 0.5, {1, 2, 4, 8}),
     )
     for shape, jobs, heavy_orgs, heavy_share, gpu_counts in shapes:
         path = tmp_path / f"{shape}.csv"

@@ -66,7 +66,10 @@ TIER_KNOBS = (
     "preemption_hold_back_limit_s",
     "within_tier_fifo_backlog_s",
     "queue_delay_per_runtime_s",
+    "drains_yield_to_higher_tiers",
 )
+# The per-tier knobs that hold true or false.
+_TIER_FLAGS = ("drains_yield_to_higher_tiers",)
 # The per-tier knobs where None means "never" (preempts) or "unbounded".
 _NONE_MEANS_NEVER = ("preemption_wait_s", "preemption_hold_back_s", "preemption_hold_back_limit_s")
 
@@ -289,6 +292,13 @@ class PolicyConfig:
     mean 1.06 -> 1.01 %), but long jobs lose by it (steady: work lost 2.42 -> 3.18 %,
     paid p95 233 -> 301 s; the flood: the other enterprise customers' p95 growth +8.4 ->
     +18.7 %). A fleet of short requests may set it (GANTRY_POLICY)."""
+    drains_yield_to_higher_tiers: Mapping[str, bool] = field(
+        default_factory=_tier_map(enterprise=False, paid=False, free=False)
+    )
+    """Per tier: whether a node draining for one of its multi-GPU jobs is open to the
+    jobs of higher tiers, whose free GPUs they take as on any other node (the drain goes
+    on with what is left). Off for every tier: a drain keeps its node for its job,
+    whatever waits (a higher tier's job may still preempt there, `overrides_drain`)."""
     scan_budget: int = 500
     """Jobs examined in a row without a decision before the call stops (bounds the work
     per decision on huge queues where nothing more fits)."""
@@ -386,6 +396,10 @@ class PolicyConfig:
         Python reads, would turn a comparison off (NaN) or hold a job back for ever."""
         for knob in dataclasses.fields(self):
             value = getattr(self, knob.name)
+            if knob.name in _TIER_FLAGS:
+                if not all(isinstance(flag, bool) for flag in value.values()):
+                    raise ValueError(f"{knob.name}: each tier's value must be true or false")
+                continue
             if isinstance(knob.default, bool):
                 if not isinstance(value, bool):
                     raise ValueError(f"{knob.name}: must be true or false")

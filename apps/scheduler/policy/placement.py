@@ -286,6 +286,8 @@ class CapacityIndex:
         end: float,
         job_id: Id | None = None,
         avoid: frozenset[str] = frozenset(),
+        *,
+        yielding_ranks: frozenset[int] = frozenset(),
     ) -> Pool | None:
         """The pool for a job of `count` GPUs held until `end`; a pool on a node in
         `avoid` (where the job failed before) only if no other pool fits.
@@ -299,8 +301,10 @@ class CapacityIndex:
         per free count, so the cost per placement does not depend on the fleet size.
         Deterministic (lowest ordinal on ties). A failure is remembered until a
         reservation is released, so jobs of the same shape that end no earlier fail in
-        O(1) (a job holding a reservation always searches)."""
-        key = (types, count)
+        O(1) (a job holding a reservation always searches). A node draining for a job of
+        a tier rank in `yielding_ranks` is open to this job as well (not one whose GPUs a
+        preemption is freeing)."""
+        key = (types, count, yielding_ranks)
         cacheable = job_id is None or job_id not in self._reserved_jobs
         if cacheable:
             failed_end = self._no_fit.get(key)
@@ -308,9 +312,9 @@ class CapacityIndex:
                 return None
         pool = None
         if avoid:
-            pool = self._best_fit(types, count, end, job_id, avoid)
+            pool = self._best_fit(types, count, end, job_id, avoid, yielding_ranks)
         if pool is None:
-            pool = self._best_fit(types, count, end, job_id)
+            pool = self._best_fit(types, count, end, job_id, frozenset(), yielding_ranks)
         if pool is None and cacheable:
             failed_end = self._no_fit.get(key)
             if failed_end is None or end < failed_end:
@@ -324,6 +328,7 @@ class CapacityIndex:
         end: float,
         job_id: Id | None,
         avoid: frozenset[str] = frozenset(),
+        yielding_ranks: frozenset[int] = frozenset(),
     ):
         for gpu_type in types:
             buckets = self._buckets.get(gpu_type)
@@ -346,6 +351,7 @@ class CapacityIndex:
                         reservation.job_id == job_id
                         or end <= reservation.start
                         or count <= reservation.surplus
+                        or (reservation.rank in yielding_ranks and not reservation.claim)
                     ):
                         continue
                     # How much this job would extend the time until the pool is free

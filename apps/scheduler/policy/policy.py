@@ -142,6 +142,12 @@ class _DispatchRound:
         self._pool_end_cache: dict[int, list[float]] = {}  # pool ordinal -> sorted ends
         self._type_gpus: dict[str, tuple[int, int]] = {}  # type -> (GPUs, free), explaining
         self._not_reached: dict[tuple, tuple[str, str]] = {}  # job shape -> its reasons
+        # Per tier: the ranks of the lower tiers whose drains are open to its jobs.
+        yields = self.config.drains_yield_to_higher_tiers
+        self._yielding = {
+            tier: frozenset(TIER_RANK[t] for t in TIERS if yields[t] and TIER_RANK[t] < rank)
+            for tier, rank in TIER_RANK.items()
+        }
 
     # -- the round ---------------------------------------------------------------------
 
@@ -294,7 +300,7 @@ class _DispatchRound:
                     continue
                 end = self.now + job.max_runtime_s
                 if self.index.has_room(types, count) and self.index.best_fit(
-                    types, count, end, job.id
+                    types, count, end, job.id, yielding_ranks=self._yielding[job.tier]
                 ):
                     continue  # it can start now; the fair-share round decides whether
                 waited = self.now - job.submitted_at
@@ -342,7 +348,9 @@ class _DispatchRound:
             and self.index.free_gpus >= count
             and self.index.has_room(types, count)
         ):
-            pool = self.index.best_fit(types, count, end, job.id, job.avoid_nodes)
+            pool = self.index.best_fit(
+                types, count, end, job.id, job.avoid_nodes, yielding_ranks=self._yielding[job.tier]
+            )
             if pool is not None:
                 self._place(job, pool, pick.describe())
                 return count, True
