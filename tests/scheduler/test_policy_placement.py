@@ -217,7 +217,7 @@ def test_a_tier_entitled_to_most_of_the_pool_drains_a_node_for_its_multi_gpu_job
     assert [d.job_id for d in decisions if isinstance(d, Reserve)] == ["pair"]
 
 
-def _node_draining_for_a_free_gang_job(gang_tier: str = "free"):
+def _a_node_draining_for_a_gang_job(gang_tier: str = "free"):
     """n0 frees up at t=100 and has one GPU free now; n1 is full until t=1000. An 8-GPU
     job of `gang_tier` has waited since t=0 and gets n0 drained for it; a paid job of
     500 s (it would end after the drain is due) arrives at t=5."""
@@ -234,7 +234,7 @@ def _node_draining_for_a_free_gang_job(gang_tier: str = "free"):
 
 
 def test_a_drain_for_a_lower_tier_keeps_its_free_gpu_from_a_paid_job_by_default():
-    fleet, running, queue = _node_draining_for_a_free_gang_job()
+    fleet, running, queue = _a_node_draining_for_a_gang_job()
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
 
@@ -244,7 +244,7 @@ def test_a_drain_for_a_lower_tier_keeps_its_free_gpu_from_a_paid_job_by_default(
 
 def test_with_free_drains_yielding_a_paid_job_takes_the_free_gpu_of_a_node_draining_for_free():
     config = policy_with({"drains_yield_to_higher_tiers": {"free": True}})
-    fleet, running, queue = _node_draining_for_a_free_gang_job()
+    fleet, running, queue = _a_node_draining_for_a_gang_job()
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
 
@@ -252,10 +252,10 @@ def test_with_free_drains_yielding_a_paid_job_takes_the_free_gpu_of_a_node_drain
     assert [(d.job_id, d.node) for d in decisions if isinstance(d, Reserve)] == [("gang", "n0")]
 
 
-def test_with_every_drain_yielding_a_drain_for_the_jobs_own_tier_still_holds():
+def test_with_every_drain_yielding_a_drain_of_the_waiting_jobs_own_tier_still_holds():
     every = {"free": True, "paid": True, "enterprise": True}
     config = policy_with({"drains_yield_to_higher_tiers": every})
-    fleet, running, queue = _node_draining_for_a_free_gang_job(gang_tier="paid")
+    fleet, running, queue = _a_node_draining_for_a_gang_job(gang_tier="paid")
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
 
