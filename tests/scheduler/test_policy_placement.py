@@ -261,3 +261,100 @@ def test_with_every_drain_yielding_a_drain_of_the_waiting_jobs_own_tier_still_ho
 
     assert [(d.job_id, d.node) for d in decisions if isinstance(d, Reserve)] == [("gang", "n0")]
     assert "paid" not in places(decisions)
+
+
+def _forty_busy_nodes_and_free_training_runs(*, paid_waiting: bool):
+    """40 nodes (a drain budget of 20), each running free work until t=100 + its index,
+    node 0 with one GPU free; five free 8-GPU training runs have waited since t=0 and,
+    maybe, a paid request arrived at t=5. Paid wants one GPU, so free's entitlement (and
+    with it its share of the drain budget) is nearly the whole fleet."""
+    fleet = [node(f"n{i:02d}", gpus=8) for i in range(40)]
+    running = [
+        allocation(
+            f"r{i:02d}",
+            fleet[i],
+            range(7 if i == 0 else 8),
+            tier="free",
+            org=f"f{i}",
+            max_runtime_s=100.0 + i,
+        )
+        for i in range(40)
+    ]
+    queue = [job(f"train{i}", tier="free", org=f"t{i}", gpus=8) for i in range(5)]
+    if paid_waiting:
+        queue.append(job("request", tier="paid", org="p", submitted_at=5.0, max_runtime_s=30.0))
+    return fleet, running, queue
+
+
+def _drained_for(decisions):
+    return sorted(d.job_id for d in decisions if isinstance(d, Reserve))
+
+
+def test_free_drains_by_its_entitlement_while_paid_waits_by_default():
+    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=True)
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+
+    assert _drained_for(decisions) == [f"train{i}" for i in range(5)]
+
+
+def test_free_drains_within_its_floor_while_paid_waits_when_the_flag_is_on():
+    # 5 % of a budget of 20 drains: free keeps one node draining while paid queues.
+    config = policy_with({"drains_within_floor_while_higher_tiers_wait": {"free": True}})
+    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=True)
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
+
+    assert _drained_for(decisions) == ["train0"]
+    assert places(decisions)["request"].node == "n00"
+
+
+def test_free_drains_by_its_entitlement_with_the_flag_on_when_no_higher_tier_waits():
+    config = policy_with({"drains_within_floor_while_higher_tiers_wait": {"free": True}})
+    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=False)
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
+
+    assert _drained_for(decisions) == [f"train{i}" for i in range(5)]
+
+
+def _two_nodes_draining_for_free_and_a_paid_request():
+    """40 busy nodes; n00 and n01 have been draining for two free training runs since an
+    earlier round (one GPU free on each, the rest busy until t=100 and t=101); a paid
+    request that would run past both drains' start arrives."""
+    fleet = [node(f"n{i:02d}", gpus=8) for i in range(40)]
+    running = [
+        allocation(
+            f"r{i:02d}",
+            fleet[i],
+            range(7 if i < 2 else 8),
+            tier="free",
+            org=f"f{i}",
+            max_runtime_s=100.0 + i,
+        )
+        for i in range(40)
+    ]
+    queue = [
+        job("train0", tier="free", org="t0", gpus=8, submitted_at=0.0, claimed_node="n00"),
+        job("train1", tier="free", org="t1", gpus=8, submitted_at=1.0, claimed_node="n01"),
+        job("request", tier="paid", org="p", submitted_at=5.0, max_runtime_s=500.0),
+    ]
+    return fleet, running, queue
+
+
+def test_free_drains_both_hold_their_nodes_against_a_paid_request_by_default():
+    fleet, running, queue = _two_nodes_draining_for_free_and_a_paid_request()
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+
+    assert "request" not in places(decisions)
+
+
+def test_free_drain_beyond_its_firm_one_is_open_to_a_paid_request_when_the_flag_is_on():
+    # The older training run keeps n00 firm; the younger one's drain lets paid in.
+    config = policy_with({"drains_within_floor_while_higher_tiers_wait": {"free": True}})
+    fleet, running, queue = _two_nodes_draining_for_free_and_a_paid_request()
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
+
+    assert places(decisions)["request"].node == "n01"

@@ -33,6 +33,10 @@ def test_a_per_tier_knob_may_name_only_the_tiers_it_changes():
         ({"tier_weights": {"paid": float("inf")}}, "tier_weights.paid: must be a finite"),
         ({"scan_budget": True}, "scan_budget: must be a number"),
         ({"within_tier_fifo": 1}, "within_tier_fifo: must be true or false"),
+        (
+            {"drains_within_floor_while_higher_tiers_wait": {"free": 1}},
+            "drains_within_floor_while_higher_tiers_wait: each tier's value must be true",
+        ),
     ],
 )
 def test_a_wrong_knob_is_refused_by_name(overrides, named):

@@ -67,9 +67,10 @@ TIER_KNOBS = (
     "within_tier_fifo_backlog_s",
     "queue_delay_per_runtime_s",
     "drains_yield_to_higher_tiers",
+    "drains_within_floor_while_higher_tiers_wait",
 )
 # The per-tier knobs that hold true or false.
-_TIER_FLAGS = ("drains_yield_to_higher_tiers",)
+_TIER_FLAGS = ("drains_yield_to_higher_tiers", "drains_within_floor_while_higher_tiers_wait")
 # The per-tier knobs where None means "never" (preempts) or "unbounded".
 _NONE_MEANS_NEVER = ("preemption_wait_s", "preemption_hold_back_s", "preemption_hold_back_limit_s")
 
@@ -299,6 +300,15 @@ class PolicyConfig:
     jobs of higher tiers, whose free GPUs they take as on any other node (the drain goes
     on with what is left). Off for every tier: a drain keeps its node for its job,
     whatever waits (a higher tier's job may still preempt there, `overrides_drain`)."""
+    drains_within_floor_while_higher_tiers_wait: Mapping[str, bool] = field(
+        default_factory=_tier_map(enterprise=False, paid=False, free=False)
+    )
+    """Per tier: whether, while a higher tier has jobs queued, the tier keeps firm only
+    its floor's share of the drain budget (at least one drain): it gets no new drain
+    beyond that, and its drains beyond it are open to the higher tiers' jobs, as with
+    `drains_yield_to_higher_tiers`. Its share by entitlement is what the tiers above
+    leave; where they queue single-GPU requests that is most of the fleet, and its drains
+    held the GPUs those requests waited for."""
     scan_budget: int = 500
     """Jobs examined in a row without a decision before the call stops (bounds the work
     per decision on huge queues where nothing more fits)."""

@@ -42,6 +42,8 @@ class Reservation:
     claim: bool = False  # made by a preemption: the GPUs are being freed for this job
     pool_ordinal: int = -1
     rank: int = 0  # the tier rank of the job it holds for (TIER_RANK)
+    # A drain whose node the jobs of higher tiers use as any other (never a claim's).
+    open_to_higher_tiers: bool = False
 
     def admits(self, count: int, end: float) -> bool:
         """Whether a job of `count` GPUs ending at `end` can use this pool without delaying
@@ -287,7 +289,7 @@ class CapacityIndex:
         job_id: Id | None = None,
         avoid: frozenset[str] = frozenset(),
         *,
-        yielding_ranks: frozenset[int] = frozenset(),
+        rank: int = -1,
     ) -> Pool | None:
         """The pool for a job of `count` GPUs held until `end`; a pool on a node in
         `avoid` (where the job failed before) only if no other pool fits.
@@ -301,10 +303,10 @@ class CapacityIndex:
         per free count, so the cost per placement does not depend on the fleet size.
         Deterministic (lowest ordinal on ties). A failure is remembered until a
         reservation is released, so jobs of the same shape that end no earlier fail in
-        O(1) (a job holding a reservation always searches). A node draining for a job of
-        a tier rank in `yielding_ranks` is open to this job as well (not one whose GPUs a
-        preemption is freeing)."""
-        key = (types, count, yielding_ranks)
+        O(1) (a job holding a reservation always searches). `rank` is the tier rank of
+        the job: a drain open to higher tiers is open to it where it holds for a lower
+        tier's job (a preemption's claim never is)."""
+        key = (types, count, rank)
         cacheable = job_id is None or job_id not in self._reserved_jobs
         if cacheable:
             failed_end = self._no_fit.get(key)
@@ -312,9 +314,9 @@ class CapacityIndex:
                 return None
         pool = None
         if avoid:
-            pool = self._best_fit(types, count, end, job_id, avoid, yielding_ranks)
+            pool = self._best_fit(types, count, end, job_id, avoid, rank)
         if pool is None:
-            pool = self._best_fit(types, count, end, job_id, frozenset(), yielding_ranks)
+            pool = self._best_fit(types, count, end, job_id, frozenset(), rank)
         if pool is None and cacheable:
             failed_end = self._no_fit.get(key)
             if failed_end is None or end < failed_end:
@@ -328,7 +330,7 @@ class CapacityIndex:
         end: float,
         job_id: Id | None,
         avoid: frozenset[str] = frozenset(),
-        yielding_ranks: frozenset[int] = frozenset(),
+        rank: int = -1,
     ):
         for gpu_type in types:
             buckets = self._buckets.get(gpu_type)
@@ -351,7 +353,11 @@ class CapacityIndex:
                         reservation.job_id == job_id
                         or end <= reservation.start
                         or count <= reservation.surplus
-                        or (reservation.rank in yielding_ranks and not reservation.claim)
+                        or (
+                            reservation.open_to_higher_tiers
+                            and reservation.rank < rank
+                            and not reservation.claim
+                        )
                     ):
                         continue
                     # How much this job would extend the time until the pool is free
@@ -432,7 +438,15 @@ class CapacityIndex:
             self._start_heaps[(gpu_type, count)] = heap
         return heap
 
-    def reserve(self, pool: Pool, job: QueuedJob, start: float, claim: bool = False) -> Reservation:
+    def reserve(
+        self,
+        pool: Pool,
+        job: QueuedJob,
+        start: float,
+        claim: bool = False,
+        *,
+        open_to_higher_tiers: bool = False,
+    ) -> Reservation:
         reservation = Reservation(
             job_id=job.id,
             start=start,
@@ -441,6 +455,7 @@ class CapacityIndex:
             claim=claim,
             pool_ordinal=pool.ordinal,
             rank=TIER_RANK.get(job.tier, 0),
+            open_to_higher_tiers=open_to_higher_tiers and not claim,
         )
         replaced = pool.reservation
         if replaced is not None:

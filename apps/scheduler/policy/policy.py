@@ -142,12 +142,7 @@ class _DispatchRound:
         self._pool_end_cache: dict[int, list[float]] = {}  # pool ordinal -> sorted ends
         self._type_gpus: dict[str, tuple[int, int]] = {}  # type -> (GPUs, free), explaining
         self._not_reached: dict[tuple, tuple[str, str]] = {}  # job shape -> its reasons
-        # Per tier: the ranks of the lower tiers whose drains are open to its jobs.
-        yields = self.config.drains_yield_to_higher_tiers
-        self._yielding = {
-            tier: frozenset(TIER_RANK[t] for t in TIERS if yields[t] and TIER_RANK[t] < rank)
-            for tier, rank in TIER_RANK.items()
-        }
+        self._firm_drains = self._firm_drains_while_higher_tiers_wait(snapshot.queued)
 
     # -- the round ---------------------------------------------------------------------
 
@@ -300,7 +295,7 @@ class _DispatchRound:
                     continue
                 end = self.now + job.max_runtime_s
                 if self.index.has_room(types, count) and self.index.best_fit(
-                    types, count, end, job.id, yielding_ranks=self._yielding[job.tier]
+                    types, count, end, job.id, rank=TIER_RANK[job.tier]
                 ):
                     continue  # it can start now; the fair-share round decides whether
                 waited = self.now - job.submitted_at
@@ -349,7 +344,7 @@ class _DispatchRound:
             and self.index.has_room(types, count)
         ):
             pool = self.index.best_fit(
-                types, count, end, job.id, job.avoid_nodes, yielding_ranks=self._yielding[job.tier]
+                types, count, end, job.id, job.avoid_nodes, rank=TIER_RANK[job.tier]
             )
             if pool is not None:
                 self._place(job, pool, pick.describe())
@@ -581,9 +576,22 @@ class _DispatchRound:
         }
 
     def _hold_reservation(self, pool: Pool, job: QueuedJob, start: float) -> Reservation:
-        reservation = self.index.reserve(pool, job, start)
+        """Drain `pool` for `job`. The drain is open to higher tiers' jobs where its
+        tier's drains yield, or where it is beyond the drains its tier keeps firm while
+        a higher tier waits (`_firm_drains`: a drain granted while none waited)."""
+        held = self.drains_by_tier.get(job.tier, 0) + 1
+        firm = self._firm_drains[job.tier]
+        reservation = self.index.reserve(
+            pool,
+            job,
+            start,
+            open_to_higher_tiers=(
+                self.config.drains_yield_to_higher_tiers[job.tier]
+                or (firm is not None and held > firm)
+            ),
+        )
         self.reservations[job.id] = reservation
-        self.drains_by_tier[job.tier] = self.drains_by_tier.get(job.tier, 0) + 1
+        self.drains_by_tier[job.tier] = held
         return reservation
 
     def _release_reservation(self, job: QueuedJob) -> None:
@@ -621,9 +629,27 @@ class _DispatchRound:
             f"node: the node being freed for it went to higher-priority work",
         )
 
+    def _firm_drains_while_higher_tiers_wait(self, queued) -> dict[str, int | None]:
+        """Per tier, the drains it keeps firm now: its floor's share of the drain budget
+        (at least one) where its `drains_within_floor_while_higher_tiers_wait` is on and
+        a higher tier has jobs queued; None (no bound but its share) otherwise."""
+        capped = self.config.drains_within_floor_while_higher_tiers_wait
+        if not any(capped.values()):
+            return dict.fromkeys(TIERS)
+        top_waiting = max((TIER_RANK[job.tier] for job in queued), default=-1)
+        return {
+            tier: (
+                max(1, math.floor(self.drain_budget * self.config.tier_floors[tier] + 1e-9))
+                if capped[tier] and top_waiting > TIER_RANK[tier]
+                else None
+            )
+            for tier in TIERS
+        }
+
     def _may_drain_for(self, tier: str) -> bool:
         """Whether a new drain fits the budget overall and the tier's share of it: the
-        budget split by the tiers' entitlements in whole drains (largest remainder). A
+        budget split by the tiers' entitlements in whole drains (largest remainder),
+        within the drains the tier keeps firm (`_firm_drains`). A
         tier entitled to a sliver of a small pool (free's floor, while the paying tiers
         want the rest) keeps no node draining there: its drain would hold GPUs that the
         tiers entitled to them wait for. (Each tier used to get at least one.)"""
@@ -636,6 +662,9 @@ class _DispatchRound:
             left = self.drain_budget - sum(quota.values())
             for t in sorted(TIERS, key=lambda t: (quota[t] - exact[t], -TIER_RANK[t]))[:left]:
                 quota[t] += 1
+            for t, firm in self._firm_drains.items():
+                if firm is not None:
+                    quota[t] = min(quota[t], firm)
             self._drain_quota = quota
         return self.drains_by_tier.get(tier, 0) < self._drain_quota[tier]
 
