@@ -290,28 +290,32 @@ def _drained_for(decisions):
     return sorted(d.job_id for d in decisions if isinstance(d, Reserve))
 
 
-def test_free_drains_by_its_entitlement_while_paid_waits_by_default():
+_FREE_DRAINS_BY_ENTITLEMENT = policy_with(
+    {"drains_within_floor_while_higher_tiers_wait": {"free": False}}
+)
+
+
+def test_free_drains_within_its_floor_while_paid_waits():
+    # 5 % of a budget of 20 drains: free keeps one node draining while paid queues.
     fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=True)
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+
+    assert _drained_for(decisions) == ["train0"]
+    assert places(decisions)["request"].node == "n00"
+
+
+def test_free_drains_by_its_entitlement_when_no_higher_tier_waits():
+    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=False)
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
 
     assert _drained_for(decisions) == [f"train{i}" for i in range(5)]
 
 
-def test_free_drains_within_its_floor_while_paid_waits_when_the_flag_is_on():
-    # 5 % of a budget of 20 drains: free keeps one node draining while paid queues.
-    config = policy_with({"drains_within_floor_while_higher_tiers_wait": {"free": True}})
+def test_free_drains_by_its_entitlement_while_paid_waits_with_the_flag_off():
+    config = _FREE_DRAINS_BY_ENTITLEMENT
     fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=True)
-
-    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
-
-    assert _drained_for(decisions) == ["train0"]
-    assert places(decisions)["request"].node == "n00"
-
-
-def test_free_drains_by_its_entitlement_with_the_flag_on_when_no_higher_tier_waits():
-    config = policy_with({"drains_within_floor_while_higher_tiers_wait": {"free": True}})
-    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=False)
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
 
@@ -342,19 +346,19 @@ def _two_nodes_draining_for_free_and_a_paid_request():
     return fleet, running, queue
 
 
-def test_free_drains_both_hold_their_nodes_against_a_paid_request_by_default():
+def test_free_drain_beyond_its_firm_one_is_open_to_a_paid_request():
+    # The older training run keeps n00 firm; the younger one's drain lets paid in.
     fleet, running, queue = _two_nodes_draining_for_free_and_a_paid_request()
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
 
-    assert "request" not in places(decisions)
+    assert places(decisions)["request"].node == "n01"
 
 
-def test_free_drain_beyond_its_firm_one_is_open_to_a_paid_request_when_the_flag_is_on():
-    # The older training run keeps n00 firm; the younger one's drain lets paid in.
-    config = policy_with({"drains_within_floor_while_higher_tiers_wait": {"free": True}})
+def test_free_drains_both_hold_their_nodes_against_a_paid_request_with_the_flag_off():
+    config = _FREE_DRAINS_BY_ENTITLEMENT
     fleet, running, queue = _two_nodes_draining_for_free_and_a_paid_request()
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
 
-    assert places(decisions)["request"].node == "n01"
+    assert "request" not in places(decisions)
