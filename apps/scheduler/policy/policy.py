@@ -636,7 +636,11 @@ class _DispatchRound:
         capped = self.config.drains_within_floor_while_higher_tiers_wait
         if not any(capped.values()):
             return dict.fromkeys(TIERS)
-        top_waiting = max((TIER_RANK[job.tier] for job in queued), default=-1)
+        top_waiting, top = -1, max(TIER_RANK.values())
+        for job in queued:  # stops at the first job of the top tier
+            top_waiting = max(top_waiting, TIER_RANK[job.tier])
+            if top_waiting == top:
+                break
         return {
             tier: (
                 max(1, math.floor(self.drain_budget * self.config.tier_floors[tier] + 1e-9))
