@@ -15,7 +15,10 @@ towards their org's demand, with the snapshot's `backlog`.
    share. Other jobs may use a reserved node only if they finish before the reserved
    job's start (backfill) or use GPUs it does not need; so its start never moves later,
    unless a job of a higher tier finds its only victims there: the drain then gives way
-   to that preemption, and the job may be granted another node.
+   to that preemption, and the job may be granted another node. While a higher tier
+   waits, a tier with `drains_within_floor_while_higher_tiers_wait` (free, by default)
+   keeps only its floor's share of the drains firm: its other drains are open to the
+   higher tiers' jobs, as any node is.
 3. Fair-share round. Queued jobs are taken in hierarchical fair-share order
    (`FairShareQueue`: tier → org → user → place in line). Each starts best-fit on one node of its
    most preferred allowed type with room, respecting the reservations; beyond its
@@ -578,7 +581,8 @@ class _DispatchRound:
     def _hold_reservation(self, pool: Pool, job: QueuedJob, start: float) -> Reservation:
         """Drain `pool` for `job`. The drain is open to higher tiers' jobs where its
         tier's drains yield, or where it is beyond the drains its tier keeps firm while
-        a higher tier waits (`_firm_drains`: a drain granted while none waited)."""
+        a higher tier waits (`_firm_drains`; such a drain was granted while none
+        waited, and claimants keep their drains oldest first)."""
         held = self.drains_by_tier.get(job.tier, 0) + 1
         firm = self._firm_drains[job.tier]
         reservation = self.index.reserve(
@@ -652,11 +656,11 @@ class _DispatchRound:
 
     def _may_drain_for(self, tier: str) -> bool:
         """Whether a new drain fits the budget overall and the tier's share of it: the
-        budget split by the tiers' entitlements in whole drains (largest remainder),
-        within the drains the tier keeps firm (`_firm_drains`). A
-        tier entitled to a sliver of a small pool (free's floor, while the paying tiers
-        want the rest) keeps no node draining there: its drain would hold GPUs that the
-        tiers entitled to them wait for. (Each tier used to get at least one.)"""
+        budget split by the tiers' entitlements in whole drains (largest remainder), at
+        most the drains the tier keeps firm now (`_firm_drains`). A tier entitled to a
+        sliver of a small pool (free's floor, while the paying tiers want the rest)
+        keeps no node draining there: its drain would hold GPUs that the tiers entitled
+        to them wait for. (Each tier used to get at least one.)"""
         if sum(self.drains_by_tier.values()) >= self.drain_budget:
             return False
         if self._drain_quota is None:
