@@ -344,9 +344,10 @@ def test_flower_shows_a_crashed_attempt_as_failed_naming_its_job_and_org(ops):
         return flower_rows(ops, attempt_id)
 
     first = attempt_ids[0]
-    # 30 s, as for the successful run above: under the whole suite on two cores, 15 s
-    # once passed without Flower showing the failure (2026-12-06, fresh-ci of 5c52bb6).
-    wait_for(lambda: any(r["state"] == "FAILURE" for r in rows(first)), what="Flower", timeout=30)
+    # 60 s: under the whole suite on two cores, 15 s (2026-12-06, fresh-ci of 5c52bb6)
+    # and then 30 s (2026-12-07, fresh-ci of 285bbf5) once passed without Flower
+    # showing the failure.
+    wait_for(lambda: any(r["state"] == "FAILURE" for r in rows(first)), what="Flower", timeout=60)
     (run,) = rows(first)
     assert job["id"] in run["kwargs"] and tenant.org.name in run["kwargs"]
     assert "crashed" in (run.get("exception") or "") + (run.get("result") or "")
