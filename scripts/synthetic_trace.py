@@ -20,8 +20,8 @@ Shapes:
   25 % paid, 70 % free; volumes fall off as a power law), arrivals rising and falling
   over a two-hour cycle: 93 % single-GPU inference requests (log-normal around 20 s),
   7 % training runs of 2, 4 or 8 GPUs (log-normal around 30 minutes); half of the rows
-  constrain the GPU type to H100 or A100; free is always preemptible, paid mostly, and
-  enterprise's training mostly not.
+  constrain the GPU type to H100 or A100; free is always preemptible, paid mostly
+  (80 %), enterprise mostly not (40 %).
 
 Columns: submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible (see
 ../shared/traces/README.md). Seeded: the same arguments write the same file.
