@@ -263,22 +263,24 @@ def test_with_every_drain_yielding_a_drain_of_the_waiting_jobs_own_tier_still_ho
     assert "paid" not in places(decisions)
 
 
-def _forty_busy_nodes_and_free_training_runs(*, paid_waiting: bool):
-    """40 nodes (a drain budget of 20), each running free work until t=100 + its index,
-    node 0 with one GPU free; five free 8-GPU training runs have waited since t=0 and,
-    maybe, a paid request arrived at t=5. Paid wants one GPU, so free's entitlement (and
-    with it its share of the drain budget) is nearly the whole fleet."""
-    fleet = [node(f"n{i:02d}", gpus=8) for i in range(40)]
+def _busy_nodes_and_free_training_runs(*, paid_waiting: bool, busy_tier: str = "free"):
+    """80 nodes (a drain budget of 40, of which free's floor's share is 2; free's floor
+    is 32 GPUs), each running `busy_tier` work until t=100 + its index, node 0 with one
+    GPU free; five free 8-GPU training runs have waited since t=0 and, maybe, a paid
+    request arrived at t=5. Paid wants one GPU, so free's entitlement (and with it its
+    share of the drain budget) is far more than its floor's share."""
+    fleet = [node(f"n{i:02d}", gpus=8) for i in range(80)]
     running = [
         allocation(
             f"r{i:02d}",
             fleet[i],
             range(7 if i == 0 else 8),
-            tier="free",
+            tier=busy_tier,
             org=f"f{i}",
             max_runtime_s=100.0 + i,
+            preemptible=busy_tier != "enterprise",
         )
-        for i in range(40)
+        for i in range(80)
     ]
     queue = [job(f"train{i}", tier="free", org=f"t{i}", gpus=8) for i in range(5)]
     if paid_waiting:
@@ -295,9 +297,20 @@ _FREE_DRAINS_BY_ENTITLEMENT = policy_with(
 )
 
 
-def test_free_drains_within_its_floor_while_paid_waits():
-    # 5 % of a budget of 20 drains: free keeps one node draining while paid queues.
-    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=True)
+def test_free_below_its_floor_keeps_its_floors_share_of_the_drains_while_paid_waits():
+    # Free holds nothing: 5 % of a budget of 40 drains, two nodes, stay free's.
+    fleet, running, queue = _busy_nodes_and_free_training_runs(
+        paid_waiting=True, busy_tier="enterprise"
+    )
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+
+    assert _drained_for(decisions) == ["train0", "train1"]
+
+
+def test_free_holding_beyond_its_floor_keeps_one_drain_while_paid_waits():
+    # Free holds 639 GPUs, its floor is 32: more drains would be borrowed from paid.
+    fleet, running, queue = _busy_nodes_and_free_training_runs(paid_waiting=True)
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
 
@@ -306,7 +319,7 @@ def test_free_drains_within_its_floor_while_paid_waits():
 
 
 def test_free_drains_by_its_entitlement_when_no_higher_tier_waits():
-    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=False)
+    fleet, running, queue = _busy_nodes_and_free_training_runs(paid_waiting=False)
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
 
@@ -315,50 +328,70 @@ def test_free_drains_by_its_entitlement_when_no_higher_tier_waits():
 
 def test_free_drains_by_its_entitlement_while_paid_waits_with_the_flag_off():
     config = _FREE_DRAINS_BY_ENTITLEMENT
-    fleet, running, queue = _forty_busy_nodes_and_free_training_runs(paid_waiting=True)
+    fleet, running, queue = _busy_nodes_and_free_training_runs(paid_waiting=True)
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
 
     assert _drained_for(decisions) == [f"train{i}" for i in range(5)]
 
 
-def _two_nodes_draining_for_free_and_a_paid_request():
-    """40 busy nodes; n00 and n01 have been draining for two free training runs since an
-    earlier round (one GPU free on each, the rest busy until t=100 and t=101); a paid
-    request that would run past both drains' start arrives."""
-    fleet = [node(f"n{i:02d}", gpus=8) for i in range(40)]
+def _three_nodes_draining_for_free_and_paid_requests(*, free_holds: int):
+    """80 busy nodes; n00, n01 and n02 have been draining for three free training runs
+    since an earlier round (one GPU free on each, the rest busy with free work until
+    t=100-102); free holds `free_holds` GPUs in all (its floor is 32), the rest of the
+    fleet runs enterprise work; three paid requests that would run past the drains'
+    start arrive."""
+    fleet = [node(f"n{i:02d}", gpus=8) for i in range(80)]
+
+    def is_free(i: int) -> bool:
+        return i < 3 or 21 + (i - 3) * 8 < free_holds
+
     running = [
         allocation(
             f"r{i:02d}",
             fleet[i],
-            range(7 if i < 2 else 8),
-            tier="free",
+            range(7 if i < 3 else 8),
+            tier="free" if is_free(i) else "enterprise",
             org=f"f{i}",
             max_runtime_s=100.0 + i,
+            preemptible=is_free(i),
         )
-        for i in range(40)
+        for i in range(80)
     ]
     queue = [
-        job("train0", tier="free", org="t0", gpus=8, submitted_at=0.0, claimed_node="n00"),
-        job("train1", tier="free", org="t1", gpus=8, submitted_at=1.0, claimed_node="n01"),
-        job("request", tier="paid", org="p", submitted_at=5.0, max_runtime_s=500.0),
+        job(f"train{i}", tier="free", org=f"t{i}", gpus=8, submitted_at=i, claimed_node=f"n0{i}")
+        for i in range(3)
+    ] + [
+        job(f"request{i}", tier="paid", org="p", submitted_at=5.0 + i, max_runtime_s=500.0)
+        for i in range(3)
     ]
     return fleet, running, queue
 
 
-def test_free_drain_beyond_its_firm_one_is_open_to_a_paid_request():
-    # The older training run keeps n00 firm; the younger one's drain lets paid in.
-    fleet, running, queue = _two_nodes_draining_for_free_and_a_paid_request()
+def _placed_on(decisions):
+    return sorted(d.node for d in places(decisions).values())
+
+
+def test_free_below_its_floor_keeps_its_two_older_drains_and_opens_the_youngest_to_paid():
+    fleet, running, queue = _three_nodes_draining_for_free_and_paid_requests(free_holds=21)
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
 
-    assert places(decisions)["request"].node == "n01"
+    assert _placed_on(decisions) == ["n02"]
 
 
-def test_free_drains_both_hold_their_nodes_against_a_paid_request_with_the_flag_off():
+def test_free_holding_its_floor_keeps_its_oldest_drain_and_opens_the_others_to_paid():
+    fleet, running, queue = _three_nodes_draining_for_free_and_paid_requests(free_holds=37)
+
+    decisions = schedule(snapshot(fleet, queue, running=running, now=10.0))
+
+    assert _placed_on(decisions) == ["n01", "n02"]
+
+
+def test_free_drains_all_hold_their_nodes_against_paid_requests_with_the_flag_off():
     config = _FREE_DRAINS_BY_ENTITLEMENT
-    fleet, running, queue = _two_nodes_draining_for_free_and_a_paid_request()
+    fleet, running, queue = _three_nodes_draining_for_free_and_paid_requests(free_holds=37)
 
     decisions = schedule(snapshot(fleet, queue, running=running, now=10.0, config=config))
 
-    assert "request" not in places(decisions)
+    assert _placed_on(decisions) == []

@@ -17,8 +17,8 @@ towards their org's demand, with the snapshot's `backlog`.
    unless a job of a higher tier finds its only victims there: the drain then gives way
    to that preemption, and the job may be granted another node. While a higher tier
    waits, a tier with `drains_within_floor_while_higher_tiers_wait` (free, by default)
-   keeps only its floor's share of the drains firm: its other drains are open to the
-   higher tiers' jobs, as any node is.
+   keeps only its floor's share of the drains firm (one drain once it holds its floor):
+   its other drains are open to the higher tiers' jobs, as any node is.
 3. Fair-share round. Queued jobs are taken in hierarchical fair-share order
    (`FairShareQueue`: tier → org → user → place in line). Each starts best-fit on one node of its
    most preferred allowed type with room, respecting the reservations; beyond its
@@ -634,9 +634,13 @@ class _DispatchRound:
         )
 
     def _firm_drains_while_higher_tiers_wait(self, queued) -> dict[str, int | None]:
-        """Per tier, the drains it keeps firm now: its floor's share of the drain budget
-        (at least one) where its `drains_within_floor_while_higher_tiers_wait` is on and
-        a higher tier has jobs queued; None (no bound but its share) otherwise."""
+        """Per tier, the drains it keeps firm now where its
+        `drains_within_floor_while_higher_tiers_wait` is on and a higher tier has jobs
+        queued: its floor's share of the drain budget while it holds less than its floor
+        in GPUs, one once it holds its floor (beyond it, its GPUs are borrowed from the
+        tiers that wait, and one drain still lets its multi-GPU jobs start in turn); at
+        least one either way. None (no bound but its share) where the flag is off or no
+        higher tier waits."""
         capped = self.config.drains_within_floor_while_higher_tiers_wait
         if not any(capped.values()):
             return dict.fromkeys(TIERS)
@@ -645,14 +649,16 @@ class _DispatchRound:
             top_waiting = max(top_waiting, TIER_RANK[job.tier])
             if top_waiting == top:
                 break
-        return {
-            tier: (
-                max(1, math.floor(self.drain_budget * self.config.tier_floors[tier] + 1e-9))
-                if capped[tier] and top_waiting > TIER_RANK[tier]
-                else None
-            )
-            for tier in TIERS
-        }
+        firm: dict[str, int | None] = {}
+        for tier in TIERS:
+            if not capped[tier] or top_waiting <= TIER_RANK[tier]:
+                firm[tier] = None
+                continue
+            floor = self.config.tier_floors[tier]
+            holds_its_floor = self.running.by_tier.get(tier, 0) >= floor * self.capacity - 1e-9
+            share = 0 if holds_its_floor else math.floor(self.drain_budget * floor + 1e-9)
+            firm[tier] = max(1, share)
+        return firm
 
     def _may_drain_for(self, tier: str) -> bool:
         """Whether a new drain fits the budget overall and the tier's share of it: the
