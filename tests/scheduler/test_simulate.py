@@ -22,6 +22,7 @@ from apps.scheduler.simulate import (
 )
 from apps.scheduler.simulate.__main__ import main
 from apps.scheduler.simulate.engine import WAKE_DEBOUNCE_S
+from apps.scheduler.simulate.metrics import waits_by_size
 from apps.scheduler.simulate.workload import JobSpec, OrgSpec, Workload, flood, steady
 from apps.scheduler.simulate.workload import trace as trace_workload
 
@@ -435,6 +436,23 @@ def test_the_command_line_prints_the_table_and_writes_plots(tmp_path, capsys):
         "steady-utilisation.png",
         "steady-wait-cdf.png",
     ]
+
+
+def test_waits_by_job_size_split_each_tiers_jobs_and_print_on_request(capsys):
+    report = run_scenario("bursty", ["fair"], gpus=16, duration_s=600.0, seed=1)
+    [result], [summary] = report.results, report.summaries
+
+    by_size = waits_by_size(result)
+
+    for tier in ("enterprise", "paid", "free"):
+        of_tier = [stats for (t, _), stats in by_size.items() if t == tier]
+        assert sum(stats.count for stats in of_tier) == summary.waits[tier].count
+        assert max(stats.max for stats in of_tier) == summary.waits[tier].max
+    assert {gpus for _, gpus in by_size} >= {1, 2}
+    assert "| fair | paid | 1 |" in report.text(by_size=True)
+    assert "GPUs per job" not in report.text()
+    assert main(["--scenario", "steady", "--gpus", "32", "--duration", "300", "--by-size"]) == 0
+    assert "| fair | enterprise | 1 |" in capsys.readouterr().out
 
 
 def test_the_command_line_reports_bad_input(capsys):

@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", help="directory for PNG plots")
     parser.add_argument(
+        "--by-size",
+        action="store_true",
+        help="also print each run's waits by tier and job size (GPUs per job)",
+    )
+    parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on stderr (every 30 s)"
     )
     return parser
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(report.text())
+    print(report.text(by_size=args.by_size))
     return 0
 
 

@@ -98,6 +98,7 @@ class JobRecord:
     org: str
     submit_at: float
     tag: str
+    gpu_count: int = 1
     admitted: bool = True
     first_start: float | None = None
     finished_at: float | None = None
@@ -562,7 +563,12 @@ class Simulation:
 
     def _submit(self, spec: JobSpec) -> None:
         record = JobRecord(
-            id=spec.id, tier=spec.tier, org=spec.org, submit_at=spec.submit_at, tag=spec.tag
+            id=spec.id,
+            tier=spec.tier,
+            org=spec.org,
+            submit_at=spec.submit_at,
+            tag=spec.tag,
+            gpu_count=spec.gpu_count,
         )
         state = _JobState(spec=spec, record=record)
         self.jobs[spec.id] = state

@@ -232,6 +232,38 @@ def format_table(summaries: list[Summary]) -> str:
     return "\n".join(rows)
 
 
+def waits_by_size(result: SimResult) -> dict[tuple[str, int], WaitStats]:
+    """(tier, GPUs per job) -> the start waits of that tier's jobs of that size, measured
+    as the table's (jobs submitted in the measured window; one still waiting counts its
+    wait so far)."""
+    sizes = sorted({(record.tier, record.gpu_count) for record in result.jobs})
+    return {
+        (tier, gpus): wait_stats(
+            result, lambda record, t=tier, g=gpus: record.tier == t and record.gpu_count == g
+        )
+        for tier, gpus in sizes
+    }
+
+
+def format_waits_by_size(results: list[SimResult]) -> str:
+    """A Markdown table of each run's start waits by tier and job size (GPUs per job):
+    where a tier's wait goes, its gang jobs or its single-GPU requests."""
+    rows = [
+        "| policy | tier | GPUs per job | jobs | wait p50 / p95 / max (s) | waiting at end |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        by_size = waits_by_size(result)
+        for tier in TABLE_TIERS:
+            for (of_tier, gpus), stats in by_size.items():
+                if of_tier == tier and stats.count:
+                    rows.append(
+                        f"| {result.policy} | {tier} | {gpus} | {stats.count} | {stats.cell()} "
+                        f"| {stats.still_waiting} |"
+                    )
+    return "\n".join(rows)
+
+
 def jain_throughout_cell(summary: Summary) -> str:
     return " / ".join(
         "–" if value is None else f"{value:.3f} ({orgs} orgs)"

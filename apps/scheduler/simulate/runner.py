@@ -14,6 +14,7 @@ from .fleet import FleetModel, fleet_from_file, fleet_of_types, synthetic_fleet
 from .metrics import (
     Summary,
     format_table,
+    format_waits_by_size,
     jain_counts,
     jain_throughout_cell,
     summarize,
@@ -66,7 +67,8 @@ class ScenarioReport:
     offered_gpu_hours: float = 0.0
     warmup_jobs: int = 0
 
-    def text(self) -> str:
+    def text(self, *, by_size: bool = False) -> str:
+        """The report as printed; `by_size` adds each run's waits by tier and job size."""
         lines = [f"scenario: {self.scenario} — fleet: {self.fleet.describe()}"]
         lines += [f"workload: {note}" for note in self.notes]
         if self.results:
@@ -103,6 +105,8 @@ class ScenarioReport:
                 f"{f.jobs} |"
                 for f in self.flood
             ]
+        if by_size:
+            lines += ["", format_waits_by_size(self.results)]
         if self.plots:
             lines += ["", *[f"plot: {path}" for path in self.plots]]
         return "\n".join(lines)
