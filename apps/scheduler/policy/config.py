@@ -341,6 +341,12 @@ class PolicyConfig:
     shared max-min between tiers and, within a tier, each org's oldest user first (see
     `window.py`). Bounds the tick's read and decide at 100,000 queued users."""
 
+    def floor_gpus(self, capacity_gpus: float) -> dict[str, float]:
+        """Each tier's floor in GPUs, fractions kept: what it is served first below (the
+        fair-share order), what its drains are measured against and what water-filling
+        gives it before the weights share the rest."""
+        return {t: self.tier_floors[t] * capacity_gpus for t in TIERS}
+
     def guaranteed_gpus(self, capacity_gpus: int) -> dict[str, int]:
         """Each tier's floor in the whole GPUs preemption never takes from it (5 % of 16
         GPUs guarantees none: a fraction must not shield a job from preemption)."""

@@ -137,7 +137,7 @@ class Entitlements:
             capacity,
             {tier: math.fsum(demand_by_tier.get(tier, {}).values()) for tier in TIERS},
             config.tier_weights,
-            floors={t: config.tier_floors[t] * capacity for t in TIERS},
+            floors=config.floor_gpus(capacity),
             ceilings={t: config.tier_ceilings[t] * capacity for t in TIERS},
         )
         entitled: dict[tuple[str, str], float] = {}
@@ -314,7 +314,7 @@ class FairShareQueue:
         self._fifo_backlog_s = config.within_tier_fifo_backlog_s
         self._half_life = config.usage_half_life_s
         self._running_by_tier = dict(running.by_tier)
-        self._floor_gpus = {t: config.tier_floors[t] * capacity_gpus for t in TIERS}
+        self._floor_gpus = config.floor_gpus(capacity_gpus)
         self._floor_whole_gpus = config.guaranteed_gpus(capacity_gpus)
         self._floor_wait_s = config.tier_floor_wait_s
         self._place = {t: _place_in_queue(config.queue_delay_per_runtime_s[t]) for t in TIERS}

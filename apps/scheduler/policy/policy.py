@@ -650,12 +650,13 @@ class _DispatchRound:
             if top_waiting == top:
                 break
         firm: dict[str, int | None] = {}
+        floor_gpus = self.config.floor_gpus(self.capacity)
         for tier in TIERS:
             if not capped[tier] or top_waiting <= TIER_RANK[tier]:
                 firm[tier] = None
                 continue
+            holds_its_floor = self.running.by_tier.get(tier, 0) >= floor_gpus[tier] - 1e-9
             floor = self.config.tier_floors[tier]
-            holds_its_floor = self.running.by_tier.get(tier, 0) >= floor * self.capacity - 1e-9
             share = 0 if holds_its_floor else math.floor(self.drain_budget * floor + 1e-9)
             firm[tier] = max(1, share)
         return firm
