@@ -16,6 +16,15 @@ def test_a_per_tier_knob_may_name_only_the_tiers_it_changes():
     assert config.tier_weights == defaults.tier_weights
 
 
+def test_a_tiers_floor_in_gpus_keeps_its_fraction_and_the_guaranteed_gpus_round_down():
+    config = policy_with({"tier_floors": {"enterprise": 0.2, "paid": 0.1, "free": 0.05}})
+    # Free's 5 % of 16 GPUs is 0.8 GPU: it is served first below that, but preemption
+    # guarantees it no whole GPU.
+    assert config.floor_gpus(16) == pytest.approx({"enterprise": 3.2, "paid": 1.6, "free": 0.8})
+    assert config.guaranteed_gpus(16) == {"enterprise": 3, "paid": 1, "free": 0}
+    assert config.guaranteed_gpus(20) == {"enterprise": 4, "paid": 2, "free": 1}
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
