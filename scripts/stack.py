@@ -29,6 +29,13 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+# `python scripts/stack.py ...` with whatever Python the shell finds: the launcher and
+# everything it runs (`run -- python manage.py ...`) use the project's virtualenv, which
+# `make` creates, so that Django and the tools are there.
+if (VENV / "bin" / "python").exists() and Path(sys.prefix).resolve() != VENV.resolve():
+    python = str(VENV / "bin" / "python")
+    os.execv(python, [python, __file__, *sys.argv[1:]])  # noqa: S606 (our own fixed path)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from apps.core.process import signal_on_parent_death  # noqa: E402  (no Django in it)

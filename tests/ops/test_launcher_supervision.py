@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -172,3 +174,37 @@ def test_stack_run_attaches_to_the_running_platform_and_leaves_it_untouched(plat
     assert again.returncode == 1 and "already runs" in again.stdout + again.stderr
     assert supervised_pids() == before  # nothing started, stopped or restarted
     assert call(f"{platform.api}/readyz")[0] == 200
+
+
+def test_stack_run_from_a_python_outside_the_virtualenv_runs_the_projects_python(platform):
+    """README step 2 as a new user types it: `python scripts/stack.py run -- python
+    manage.py ...` with the shell's own Python, not the virtualenv's."""
+    outside = getattr(sys, "_base_executable", "")
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("this checkout's virtualenv is not at .venv (the launcher uses it there)")
+    if not outside or Path(outside).parent == Path(PYTHON).parent:
+        pytest.skip("no Python interpreter outside the virtualenv on this machine")
+    env = {k: v for k, v in platform.env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env["PATH"] = f"{Path(outside).parent}:/usr/bin:/bin"
+    ran = subprocess.run(
+        [
+            outside,
+            "scripts/stack.py",
+            "run",
+            "--",
+            "python",
+            "manage.py",
+            "shell",
+            "-c",
+            "import os, sys; from apps.jobs.models import Job; "
+            "print('prefix', os.path.realpath(sys.prefix), Job.objects.count() >= 0)",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "attached to the running platform" in ran.stdout + ran.stderr
+    assert f"prefix {(ROOT / '.venv').resolve()} True" in ran.stdout, ran.stdout
