@@ -1,6 +1,7 @@
 """Live demo load driver: three tiers of tenants submit a mixed load through the REST API.
 
-    python scripts/demo.py --api http://127.0.0.1:8000 --operator-key gk_... [--duration 60]
+    python scripts/stack.py run -- python scripts/demo.py --api http://127.0.0.1:8000 \
+        --operator-key gk_... [--duration 60]
 
 It creates one org per tier (free, paid, enterprise) with a project, an API key and a
 credit grant, submits short jobs (a few with misbehaving prompts: !crash, !hang, !oom,
