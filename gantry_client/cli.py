@@ -43,10 +43,10 @@ STATUSES = ("queued", "scheduled", "running", "preempting", *sorted(TERMINAL_STA
 RETRY_WAIT_CAP_S = 300.0
 LIST_PAGE_MAX = 100
 # Resolving a short id reads the whole listing: the biggest page the API serves.
-PREFIX_PAGE_SIZE = 500
-PREFIX_CANDIDATES_SHOWN = 10
+SHORT_ID_PAGE_SIZE = 500
+SHORT_ID_CANDIDATES_SHOWN = 10
 FULL_JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
-JOB_ID_PREFIX = re.compile(r"^[0-9a-f][0-9a-f-]{0,34}$", re.I)
+SHORT_JOB_ID = re.compile(r"^[0-9a-f][0-9a-f-]{0,34}$", re.I)
 
 # Where a field named by a 400 comes from on the command line.
 FIELD_FLAGS = {
@@ -205,42 +205,48 @@ def make_api(args: argparse.Namespace) -> GantryAPI:
 
 
 def job_arg(api: GantryAPI, args: argparse.Namespace) -> str:
-    """The JOB argument as a full id (a unique prefix is resolved); error messages then
+    """The JOB argument as a full id (a unique short id is resolved); error messages then
     name the full id too."""
     args.job = resolve_job_id(api, args.job)
     return args.job
 
 
 def resolve_job_id(api: GantryAPI, text: str) -> str:
-    """A full id as given (no request); a hex prefix such as `3f2a` as the one job whose
-    id starts with it, from the listing of every job the key can see."""
+    """A full id as given (no request); a short id such as `b63fce7f` as the one job whose
+    id ends or starts with it, from the listing of every job the key can see.
+
+    Ids begin with their creation time (UUIDv7): jobs submitted the same minute share
+    their first eight digits, and the end, which is random, is what tells them apart."""
     text = text.strip()
-    if FULL_JOB_ID.match(text) or not JOB_ID_PREFIX.match(text):
-        return text  # ids are opaque to the API: anything but a hex prefix goes as is
-    prefix = text.lower()
+    if FULL_JOB_ID.match(text) or not SHORT_JOB_ID.match(text):
+        return text  # ids are opaque to the API: anything but a hex part goes as is
+    part = text.lower()
     matches = []
-    for job in api.pages("/v1/jobs", {"limit": PREFIX_PAGE_SIZE}):
-        if str(job.get("id", "")).lower().startswith(prefix):
+    for job in api.pages("/v1/jobs", {"limit": SHORT_ID_PAGE_SIZE}):
+        job_id = str(job.get("id", "")).lower()
+        if job_id.endswith(part) or job_id.startswith(part):
             matches.append(job)
-            if len(matches) > PREFIX_CANDIDATES_SHOWN:
+            if len(matches) > SHORT_ID_CANDIDATES_SHOWN:
                 break  # ambiguous already; no need to read the rest
     if not matches:
-        raise NoSuchJob(f"No job {text}: no job id that this key can see starts with {text}.")
+        raise NoSuchJob(
+            f"No job {text}: no job id that this key can see ends or starts with {text}."
+        )
     if len(matches) > 1:
-        raise UsageError(ambiguous_prefix(text, matches))
+        raise UsageError(ambiguous_short_id(text, matches))
     return str(matches[0]["id"])
 
 
-def ambiguous_prefix(prefix: str, matches: list[dict]) -> str:
-    shown = matches[:PREFIX_CANDIDATES_SHOWN]
+def ambiguous_short_id(part: str, matches: list[dict]) -> str:
+    shown = matches[:SHORT_ID_CANDIDATES_SHOWN]
     rows = [(j.get("id"), j.get("status"), render.timestamp(j.get("created_at"))) for j in shown]
-    more = "more than " if len(matches) > PREFIX_CANDIDATES_SHOWN else ""
+    more = "more than " if len(matches) > SHORT_ID_CANDIDATES_SHOWN else ""
     table = "\n".join(
         f"  {line}" for line in render.table(("ID", "STATUS", "CREATED"), rows).splitlines()
     )
     return (
-        f"The job id prefix {prefix} is ambiguous: it matches {more}{len(shown)} jobs.\n"
-        f"{table}\nGive more of the id."
+        f"The short job id {part} is ambiguous: it matches {more}{len(shown)} jobs.\n"
+        f"{table}\nGive more of the id (its last digits tell jobs apart)."
     )
 
 
@@ -674,7 +680,7 @@ def _poll_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-JOB_HELP = "a job id, or the start of one that no other job's id starts with (3f2a)"
+JOB_HELP = "a job id, or its last (or first) digits where no other job's id has them (b63fce7f)"
 
 
 def build_parser() -> argparse.ArgumentParser:

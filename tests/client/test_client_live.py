@@ -316,19 +316,22 @@ def test_events_list_each_transition_oldest_first(gantry, tenant):
     assert transitions == [["-", "queued"], ["queued", "cancelled"]]
 
 
-def test_a_short_id_prefix_names_the_one_job_it_starts(gantry, tenant):
+def test_the_last_digits_of_an_id_name_the_one_job_that_ends_with_them(gantry, tenant):
     fund(tenant.org)
     ids = [submitted_id(gantry("--json", "submit", *SMALL, "--seed", str(n))) for n in range(3)]
     target = ids[1]
-    # The shortest prefix no other job's id starts with (uuid4s part within a few digits).
-    length = next(n for n in range(1, 36) if sum(i.startswith(target[:n]) for i in ids) == 1)
-    prefix = target[: max(length, 4)]
+    # The shortest end no other job's id has: the random part of a time-ordered id.
+    short = next(
+        target[-n:]
+        for n in range(4, 36)
+        if sum(i.endswith(target[-n:]) or i.startswith(target[-n:]) for i in ids) == 1
+    )
 
-    shown = gantry("status", prefix)
+    shown = gantry("status", short)
     assert shown.code == 0, shown.err
     assert dict(line.split(None, 1) for line in shown.out.splitlines())["Job"] == target
 
-    cancelled = gantry("cancel", prefix.upper())
+    cancelled = gantry("cancel", short.upper())
     assert cancelled.code == 0, cancelled.err
     assert f"Cancelled job {target}." in cancelled.out
     assert Job.objects.get(pk=target).status == "cancelled"
@@ -336,7 +339,7 @@ def test_a_short_id_prefix_names_the_one_job_it_starts(gantry, tenant):
 
     unknown = gantry("events", "ffffffff-ffff")
     assert unknown.code == 3
-    assert "no job id that this key can see starts with ffffffff-ffff" in unknown.err
+    assert "no job id that this key can see ends or starts with ffffffff-ffff" in unknown.err
 
 
 def test_waiting_on_a_job_that_gets_cancelled_exits_1(gantry, tenant):

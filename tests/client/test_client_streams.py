@@ -456,13 +456,38 @@ def test_a_unique_prefix_is_resolved_through_every_page_of_the_listing(gantry, s
     assert [p for p in paths(stub_server) if p.startswith("/v1/jobs/")] == [f"/v1/jobs/{JOBS[3]}"]
 
 
+# Ids as the platform makes them (UUIDv7): one creation minute, random ends.
+TIME_ORDERED = [
+    "01a250f2-64c8-70a2-8d39-6a1690bb4f52",
+    "01a250f2-7ac5-74d0-a4a2-a41aaa183bd8",
+    "01a250f2-826a-7163-81fc-cce6b63fce7f",
+]
+
+
+def test_the_last_digits_name_the_job_where_ids_begin_with_their_creation_time(gantry, stub_server):
+    page = {"results": [{"id": i, "status": "queued"} for i in TIME_ORDERED], "next": None}
+    stub_server.on("GET", "/v1/jobs", json_answer(200, page))
+    stub_server.on(
+        "GET",
+        f"/v1/jobs/{TIME_ORDERED[2]}",
+        json_answer(200, job("queued") | {"id": TIME_ORDERED[2]}),
+    )
+    run = gantry(*cli(stub_server, "status", "B63FCE7F"))
+    assert run.code == 0, run.err
+    assert f"Job       {TIME_ORDERED[2]}" in run.out
+
+    same_minute = gantry(*cli(stub_server, "status", "01a250f2"))
+    assert same_minute.code == 2
+    assert "The short job id 01a250f2 is ambiguous: it matches 3 jobs." in same_minute.err
+
+
 def test_an_ambiguous_prefix_lists_the_candidates(gantry, stub_server):
     serve_listing(stub_server)
     run = gantry(*cli(stub_server, "cancel", "3f2a0c"))
     assert run.code == 2
-    assert "The job id prefix 3f2a0c is ambiguous: it matches 2 jobs." in run.err
+    assert "The short job id 3f2a0c is ambiguous: it matches 2 jobs." in run.err
     assert JOBS[0] in run.err and JOBS[2] in run.err and JOBS[1] not in run.err
-    assert "Give more of the id." in run.err
+    assert "Give more of the id (its last digits tell jobs apart)." in run.err
     assert paths(stub_server, "POST") == []
 
 
@@ -470,7 +495,7 @@ def test_a_prefix_that_matches_nothing_and_a_full_id_that_needs_no_listing(gantr
     serve_listing(stub_server)
     run = gantry(*cli(stub_server, "status", "77"))
     assert run.code == 3
-    assert "No job 77: no job id that this key can see starts with 77." in run.err
+    assert "No job 77: no job id that this key can see ends or starts with 77." in run.err
 
     stub_server.seen.clear()
     run = gantry(*cli(stub_server, "status", JOBS[1]))
