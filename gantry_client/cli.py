@@ -554,7 +554,9 @@ def explain_api_error(exc: ApiError, args: argparse.Namespace) -> str:
             problem = f"No API key was sent to {settings.api_url}."
         return f"Not authenticated: {message}\n{problem}\n{configuration.HOW_TO_SET_KEY}"
     if exc.status == 402:
-        lines = [f"Not enough credits: {message}"]
+        # Our server's message already says so; another's may not.
+        said = message.lower().startswith("not enough credit")
+        lines = [message if said else f"Not enough credits: {message}"]
         for name, value in sorted(exc.details.items()):
             if isinstance(value, int) and not isinstance(value, bool):
                 lines.append(f"  {name.replace('_', ' ')}: {render.credits(value)} credits")

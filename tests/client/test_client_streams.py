@@ -590,8 +590,8 @@ def test_refusals_and_reasons_quote_credits(gantry, stub_server):
     run = gantry(*cli(stub_server, "submit", "--prompt", "fox"))
     assert run.code == 3
     assert (
-        "Not enough credits: Not enough credit: 0.000005 credits available, "
-        "0.066667 credits requested." in run.err
+        "gantry: Not enough credit: 0.000005 credits available, "
+        "0.066667 credits requested.\nSee `gantry balance`" in run.err
     )
 
     events = {
