@@ -235,7 +235,7 @@ def time_tick(*, apply: bool = True) -> dict:
     explained = time.perf_counter()
     outcomes = apply_decisions(decisions, tick=uuid.uuid4()) if apply else []
     applied = time.perf_counter()
-    publish_queue_states(waiting)
+    publish_queue_states(waiting, snapshot.cluster)
     published = time.perf_counter()
     return {
         "listed": snapshot.queued_loaded,

@@ -152,7 +152,7 @@ class JobAdmin(admin.ModelAdmin):
         whole reason it waits (the operators' wording) and its expected start."""
         if obj.status != JobStatus.QUEUED:
             return "-"
-        state = queue_state.read([obj.pk]).get(str(obj.pk), queue_state.UNKNOWN)
+        state = queue_state.read_for([obj]).get(str(obj.pk), queue_state.UNKNOWN)
         start = state.estimated_start_at
         return format_html(
             "position {} · {} · expected to start {}",

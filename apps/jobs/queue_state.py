@@ -3,7 +3,10 @@
 The dispatch tick writes one entry per queued job it looked at (`publish`, every
 GANTRY_QUEUE_STATE_INTERVAL_S), and the job body reads it (`read`). Entries live in
 Redis and expire a few publications after they were written: hot, rebuildable state.
-With Redis down, or for a job no tick has looked at yet (deep in a long queue), the
+A tick looks at each submitter's oldest queued jobs only (the policy's queue window), so
+it also writes, for each submitter some of whose jobs it left out, how many it looked at
+and when the newest of those joined the queue: a job further back reads that it waits
+behind them (`read_for`). With Redis down, or for a job no tick has looked at yet, the
 body shows nulls.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -19,10 +22,12 @@ import redis
 from django.conf import settings
 
 from apps.core.redis import redis_client
+from apps.jobs.models import Job
 
 logger = logging.getLogger(__name__)
 
 KEY = "gantry:queue:{}"
+SUBMITTER_KEY = "gantry:queue:submitter:{}:{}"  # org id, user id ('' for the org's own keys)
 
 
 @dataclass(frozen=True)
@@ -47,19 +52,49 @@ UNKNOWN = QueueState(
 )
 
 
+@dataclass(frozen=True)
+class SubmitterWindow:
+    """Of one submitter's queued jobs, those a tick looked at: how many, and when the
+    newest of them joined the queue (epoch seconds, the queue's own order)."""
+
+    looked_at: int
+    newest_at: float
+
+
+def behind_window(window: SubmitterWindow) -> QueueState:
+    """A job further back than the jobs of its submitter that the tick looked at."""
+    return QueueState(
+        position=None,
+        reason=(
+            f"further back than the {window.looked_at:,} oldest queued jobs from the same "
+            "submitter, which the scheduler looks at first; it comes into view as they start"
+        ),
+        estimated_start_at=None,
+    )
+
+
 def ttl_s() -> int:
     """Entries outlive a few missed publications, not a stopped dispatcher."""
     interval = max(settings.GANTRY_DISPATCH_INTERVAL_S, settings.GANTRY_QUEUE_STATE_INTERVAL_S)
     return max(10, int(3 * interval))
 
 
-def publish(states: Iterable[tuple[str, QueueState]]) -> int:
-    """Write these jobs' states (one pipeline); returns how many. Fails soft: a Redis
-    outage costs the tenants their queue details, never a dispatch tick."""
+def publish(
+    states: Iterable[tuple[str, QueueState]],
+    *,
+    windows: Mapping[tuple[str, str], SubmitterWindow] | None = None,
+) -> int:
+    """Write these jobs' states, and the `windows` of the submitters ((org id, user id or
+    '') whose jobs the tick did not all look at), in one pipeline; returns how many job
+    states. Fails soft: a Redis outage costs the tenants their queue details, never a
+    dispatch tick."""
     expiry = ttl_s()
     written = 0
     try:
         with redis_client().pipeline(transaction=False) as pipe:
+            for (org, user), window in (windows or {}).items():
+                value = {"n": window.looked_at, "t": window.newest_at}
+                pipe.set(SUBMITTER_KEY.format(org, user), json.dumps(value), ex=expiry)
             for job_id, state in states:
                 start = state.estimated_start_at
                 value = {
@@ -88,6 +123,39 @@ def read(job_ids: Iterable) -> dict[str, QueueState]:
         logger.warning("queue states not read: %s", exc)
         return {}
     return {job_id: decode(raw) for job_id, raw in zip(ids, values, strict=True) if raw is not None}
+
+
+def read_for(jobs: Iterable[Job]) -> dict[str, QueueState]:
+    """`read` for these queued jobs, and for each that has no state of its own but sits
+    behind the jobs its submitter's window held at the last tick, `behind_window`."""
+    jobs = list(jobs)
+    states = read(job.id for job in jobs)
+    further = [job for job in jobs if str(job.id) not in states]
+    submitters = list(dict.fromkeys((str(job.org_id), str(job.user_id or "")) for job in further))
+    if not submitters:
+        return states
+    try:
+        values = redis_client().mget([SUBMITTER_KEY.format(*s) for s in submitters])
+    except redis.RedisError as exc:
+        logger.warning("queue windows not read: %s", exc)
+        return states
+    windows = {}
+    for submitter, raw in zip(submitters, values, strict=True):
+        if raw is not None:
+            value = json.loads(raw)
+            windows[submitter] = SubmitterWindow(looked_at=value["n"], newest_at=value["t"])
+    for job in further:
+        window = windows.get((str(job.org_id), str(job.user_id or "")))
+        if window is not None and place_in_queue(job) > window.newest_at:
+            states[str(job.id)] = behind_window(window)
+    return states
+
+
+def place_in_queue(job: Job) -> float:
+    """When the job joined the queue, as the dispatcher orders it (epoch seconds): a job
+    sent back by preemption keeps the place it had since it was submitted."""
+    joined = job.created_at if job.preemption_count > 0 else job.queued_at
+    return joined.timestamp()
 
 
 def key_of(job_id) -> str:

@@ -134,7 +134,7 @@ def _queue_of(job: Job, queue_states: dict | None) -> dict | None:
     if job.status != JobStatus.QUEUED:
         return None
     if queue_states is None:
-        queue_states = queue_state.read([job.id])
+        queue_states = queue_state.read_for([job])
     return queue_states.get(str(job.id), queue_state.UNKNOWN).body()
 
 

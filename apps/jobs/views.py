@@ -111,8 +111,7 @@ class JobListView(GenericAPIView):
             request.user, status=filters.validated_data.get("status"), project_id=project_id
         )
         page = self.paginate_queryset(jobs)
-        queued = [job.id for job in page if job.status == JobStatus.QUEUED]
-        states = queue_state.read(queued)
+        states = queue_state.read_for(job for job in page if job.status == JobStatus.QUEUED)
         return self.get_paginated_response([job_body(job, queue_states=states) for job in page])
 
     @also_answers(402, 403, 409, 422, 429)

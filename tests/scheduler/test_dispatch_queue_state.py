@@ -9,8 +9,8 @@ from apps.jobs import queue_state
 from apps.jobs.models import JobStatus
 from apps.scheduler.services.dispatch import run_dispatch_tick
 from tests.conftest import client_with
-from tests.factories import OrgFactory, org_key
-from tests.scheduler.factories import JobFactory, NodeFactory
+from tests.factories import OrgFactory, UserFactory, org_key
+from tests.scheduler.factories import JobFactory, NodeFactory, queued_since
 
 pytestmark = pytest.mark.django_db
 
@@ -87,3 +87,44 @@ def test_a_free_job_that_cannot_be_preempted_on_one_gpu_reads_that_it_cannot_sta
         "scheduled",
         "queued",
     ]
+
+
+def test_a_job_beyond_its_submitters_window_reads_that_older_jobs_are_looked_at_first(
+    settings,
+):
+    settings.GANTRY_POLICY = {"queue_depth_per_user": 2, "queue_window_jobs": 0}
+    NodeFactory(gpus=1)
+    run_dispatch_tick()
+    busy = JobFactory(max_runtime_s=600)
+    run_dispatch_tick()  # busy takes the only GPU
+    org = OrgFactory()
+    user = UserFactory(org=org)
+    mine = [queued_since(100.0 - i, org=org, user=user) for i in range(4)]
+    other = queued_since(50.0, org=org)  # the org's own key: another submitter, one job
+    solo = OrgFactory()
+    alone = JobFactory(org=solo)
+
+    run_dispatch_tick()
+
+    tenant = client_with(org_key(org))
+    body = {job: tenant.get(f"/v1/jobs/{job.id}").json()["queue"] for job in [*mine, other]}
+    assert [body[job]["position"] is not None for job in mine] == [True, True, False, False]
+    behind = (
+        "further back than the 2 oldest queued jobs from the same submitter, which the "
+        "scheduler looks at first; it comes into view as they start"
+    )
+    assert [body[job]["reason"] for job in mine[2:]] == [behind, behind]
+    assert body[other]["position"] is not None
+    listed = {j["id"]: j["queue"] for j in tenant.get("/v1/jobs").json()["results"]}
+    assert listed[str(mine[3].id)]["reason"] == behind
+    # An org whose every queued job the tick looked at has no window: a job submitted
+    # after the tick is simply not looked at yet.
+    later = JobFactory(org=solo)
+    solo_tenant = client_with(org_key(solo))
+    assert solo_tenant.get(f"/v1/jobs/{alone.id}").json()["queue"]["position"] is not None
+    assert solo_tenant.get(f"/v1/jobs/{later.id}").json()["queue"] == {
+        "position": None,
+        "reason": "waiting to be looked at by the scheduler",
+        "estimated_start_at": None,
+    }
+    assert str(busy.org_id) not in behind

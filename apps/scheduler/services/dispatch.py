@@ -47,7 +47,16 @@ from apps.jobs.models import Attempt, GpuAssignment, Job, JobStatus
 from apps.jobs.services.deadlines import PAST_START_DEADLINE
 from apps.jobs.services.lifecycle import Move, transition_many
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision, NodeClaim
-from apps.scheduler.policy import TIERS, Decision, Place, Preempt, Reserve, Waiting, schedule_round
+from apps.scheduler.policy import (
+    TIERS,
+    ClusterSnapshot,
+    Decision,
+    Place,
+    Preempt,
+    Reserve,
+    Waiting,
+    schedule_round,
+)
 from apps.scheduler.services import metrics
 from apps.scheduler.services.decisions import (
     ACTOR,
@@ -150,7 +159,7 @@ def _round_if_free() -> TickResult | None:
         if result.deferred:
             wakeup.ask_for_another_round()  # run_dispatch_tick sends it as this one ends
         if explain:
-            publish_queue_states(round_.waiting)
+            publish_queue_states(round_.waiting, snapshot.cluster)
         _report_queue_depth(snapshot, result)
         metrics.report_tick(
             snapshot.cluster,
@@ -199,10 +208,12 @@ def _queue_states_due() -> bool:
     return True
 
 
-def publish_queue_states(waiting: list[Waiting]) -> int:
+def publish_queue_states(waiting: list[Waiting], cluster: ClusterSnapshot) -> int:
     """Tell each waiting job's tenant where it stands (jobs.queue_state): position, why
-    it waits and its estimated start; the whole reason is kept for operators."""
-    return queue_state.publish(
+    it waits and its estimated start; the whole reason is kept for operators. For the
+    orgs whose queued jobs the snapshot did not all list, each submitter's window too,
+    so that a job further back says what it waits behind."""
+    states = (
         (
             str(w.job_id),
             queue_state.QueueState(
@@ -218,6 +229,25 @@ def publish_queue_states(waiting: list[Waiting]) -> int:
         )
         for w in waiting
     )
+    return queue_state.publish(states, windows=submitter_windows(cluster))
+
+
+def submitter_windows(
+    cluster: ClusterSnapshot,
+) -> dict[tuple[str, str], queue_state.SubmitterWindow]:
+    """(org, user) -> the jobs of that submitter the snapshot lists, for the orgs that
+    have queued jobs beyond the queue window (the snapshot's backlog)."""
+    cut = {org for (_tier, org), backlog in cluster.backlog.items() if backlog.jobs}
+    windows: dict[tuple[str, str], queue_state.SubmitterWindow] = {}
+    for job in cluster.queued:
+        if job.org not in cut:
+            continue
+        seen = windows.get((job.org, job.user))
+        windows[(job.org, job.user)] = queue_state.SubmitterWindow(
+            looked_at=(seen.looked_at if seen else 0) + 1,
+            newest_at=max(job.submitted_at, seen.newest_at if seen else job.submitted_at),
+        )
+    return windows
 
 
 def _report_queue_depth(snapshot, result: TickResult) -> None:
