@@ -124,7 +124,7 @@ def test_unknown_gpu_type_is_400_listing_the_known_ones(gantry, tenant):
 def test_no_credits_is_402_pointing_at_the_balance(gantry, tenant):
     run = gantry("submit", *SMALL)
     assert run.code == 3
-    assert "Not enough credits" in run.err
+    assert "Not enough credit: " in run.err
     assert "0.000000 credits available, 0.066667 credits requested" in run.err
     assert "µc" not in run.err
     assert "gantry balance" in run.err
