@@ -235,19 +235,22 @@ def publish_queue_states(waiting: list[Waiting], cluster: ClusterSnapshot) -> in
 def submitter_windows(
     cluster: ClusterSnapshot,
 ) -> dict[tuple[str, str], queue_state.SubmitterWindow]:
-    """(org, user) -> the jobs of that submitter the snapshot lists, for the orgs that
-    have queued jobs beyond the queue window (the snapshot's backlog)."""
+    """(org, user) -> the jobs of that submitter the snapshot lists, for the submitters
+    that may have more: in an org with queued jobs beyond the queue window (the
+    snapshot's backlog), those listed as deep as anyone (a submitter with fewer has every
+    queued job listed). Jobs with a node claim are listed whatever their depth and are
+    not counted."""
     cut = {org for (_tier, org), backlog in cluster.backlog.items() if backlog.jobs}
-    windows: dict[tuple[str, str], queue_state.SubmitterWindow] = {}
+    listed: dict[tuple[str, str], list[float]] = {}
     for job in cluster.queued:
-        if job.org not in cut:
-            continue
-        seen = windows.get((job.org, job.user))
-        windows[(job.org, job.user)] = queue_state.SubmitterWindow(
-            looked_at=(seen.looked_at if seen else 0) + 1,
-            newest_at=max(job.submitted_at, seen.newest_at if seen else job.submitted_at),
-        )
-    return windows
+        if job.claimed_node is None:
+            listed.setdefault((job.org, job.user), []).append(job.submitted_at)
+    depth = max(map(len, listed.values()), default=0)
+    return {
+        (org, user): queue_state.SubmitterWindow(looked_at=len(times), newest_at=max(times))
+        for (org, user), times in listed.items()
+        if org in cut and len(times) >= depth
+    }
 
 
 def _report_queue_depth(snapshot, result: TickResult) -> None:
