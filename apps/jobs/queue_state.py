@@ -115,45 +115,51 @@ def publish(
 def read(job_ids: Iterable) -> dict[str, QueueState]:
     """job id -> its state, for those that have one (nothing when Redis is down)."""
     ids = [str(job_id) for job_id in job_ids]
-    if not ids:
-        return {}
-    try:
-        values = redis_client().mget([KEY.format(job_id) for job_id in ids])
-    except redis.RedisError as exc:
-        logger.warning("queue states not read: %s", exc)
-        return {}
+    values = _values([KEY.format(job_id) for job_id in ids])
     return {job_id: decode(raw) for job_id, raw in zip(ids, values, strict=True) if raw is not None}
 
 
 def read_for(jobs: Iterable[Job]) -> dict[str, QueueState]:
     """`read` for these queued jobs, and for each that has no state of its own but sits
-    behind the jobs its submitter's window held at the last tick, `behind_window`."""
+    behind the jobs its submitter's window held at the last tick, `behind_window`: the
+    states and the windows in one round trip."""
     jobs = list(jobs)
-    states = read(job.id for job in jobs)
-    further = [job for job in jobs if str(job.id) not in states]
-    submitters = list(dict.fromkeys((str(job.org_id), str(job.user_id or "")) for job in further))
-    if not submitters:
-        return states
-    try:
-        values = redis_client().mget([SUBMITTER_KEY.format(*s) for s in submitters])
-    except redis.RedisError as exc:
-        logger.warning("queue windows not read: %s", exc)
-        return states
-    windows = {}
-    for submitter, raw in zip(submitters, values, strict=True):
+    submitter_of = {str(job.id): (str(job.org_id), str(job.user_id or "")) for job in jobs}
+    submitters = list(dict.fromkeys(submitter_of.values()))
+    values = _values(
+        [KEY.format(job.id) for job in jobs]
+        + [SUBMITTER_KEY.format(*submitter) for submitter in submitters]
+    )
+    own, windows = values[: len(jobs)], dict(zip(submitters, values[len(jobs) :], strict=True))
+    states = {}
+    for job, raw in zip(jobs, own, strict=True):
+        window = windows[submitter_of[str(job.id)]]
         if raw is not None:
-            value = json.loads(raw)
-            windows[submitter] = SubmitterWindow(looked_at=value["n"], newest_at=value["t"])
-    for job in further:
-        window = windows.get((str(job.org_id), str(job.user_id or "")))
-        if window is not None and place_in_queue(job) > window.newest_at:
-            states[str(job.id)] = behind_window(window)
+            states[str(job.id)] = decode(raw)
+        elif window is not None:
+            value = json.loads(window)
+            if place_in_queue(job) > value["t"]:
+                states[str(job.id)] = behind_window(
+                    SubmitterWindow(looked_at=value["n"], newest_at=value["t"])
+                )
     return states
+
+
+def _values(keys: list[str]) -> list:
+    """The keys' values (None where missing), or all None when Redis cannot be read."""
+    if not keys:
+        return []
+    try:
+        return redis_client().mget(keys)
+    except redis.RedisError as exc:
+        logger.warning("queue states not read: %s", exc)
+        return [None] * len(keys)
 
 
 def place_in_queue(job: Job) -> float:
     """When the job joined the queue, as the dispatcher orders it (epoch seconds): a job
-    sent back by preemption keeps the place it had since it was submitted."""
+    sent back by preemption keeps the place it had since it was submitted (the rule of
+    scheduler.services.snapshot's QUEUED_SQL, which the tick's windows are made from)."""
     joined = job.created_at if job.preemption_count > 0 else job.queued_at
     return joined.timestamp()
 

@@ -141,36 +141,32 @@ def test_a_killed_api_master_takes_its_workers_with_it_and_a_new_one_serves(plat
     )
 
 
-def test_stack_run_attaches_to_the_running_platform_and_leaves_it_untouched(platform):
-    before = supervised_pids()
-    env = {k: v for k, v in platform.env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    attached = subprocess.run(
-        [
-            PYTHON,
-            "scripts/stack.py",
-            "run",
-            "--",
-            "python",
-            "-c",
-            "import os; print(os.environ['DATABASE_URL'], os.environ['REDIS_URL'])",
-        ],
+def launcher(python: str, *args: str, env: dict, timeout: float = 60):
+    """`python scripts/stack.py ARGS` as a user in another terminal runs it."""
+    return subprocess.run(
+        [python, "scripts/stack.py", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
+
+
+def terminal_env(platform) -> dict:
+    """The platform's environment without the URLs: found from .data/platform.json."""
+    return {k: v for k, v in platform.env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+
+
+def test_stack_run_attaches_to_the_running_platform_and_leaves_it_untouched(platform):
+    before = supervised_pids()
+    env = terminal_env(platform)
+    show_urls = "import os; print(os.environ['DATABASE_URL'], os.environ['REDIS_URL'])"
+    attached = launcher(PYTHON, "run", "--", "python", "-c", show_urls, env=env)
     assert attached.returncode == 0, attached.stderr
     assert "attached to the running platform" in attached.stdout + attached.stderr
     assert attached.stdout.split()[-2:] == [platform.env["DATABASE_URL"], platform.env["REDIS_URL"]]
-    again = subprocess.run(
-        [PYTHON, "scripts/stack.py", "up"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = launcher(PYTHON, "up", env=env)
     assert again.returncode == 1 and "already runs" in again.stdout + again.stderr
     assert supervised_pids() == before  # nothing started, stopped or restarted
     assert call(f"{platform.api}/readyz")[0] == 200
@@ -184,26 +180,13 @@ def test_stack_run_from_a_python_outside_the_virtualenv_runs_the_projects_python
         pytest.skip("this checkout's virtualenv is not at .venv (the launcher uses it there)")
     if not outside or Path(outside).parent == Path(PYTHON).parent:
         pytest.skip("no Python interpreter outside the virtualenv on this machine")
-    env = {k: v for k, v in platform.env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["PATH"] = f"{Path(outside).parent}:/usr/bin:/bin"
-    ran = subprocess.run(
-        [
-            outside,
-            "scripts/stack.py",
-            "run",
-            "--",
-            "python",
-            "manage.py",
-            "shell",
-            "-c",
-            "import os, sys; from apps.jobs.models import Job; "
-            "print('prefix', os.path.realpath(sys.prefix), Job.objects.count() >= 0)",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    env = terminal_env(platform) | {"PATH": f"{Path(outside).parent}:/usr/bin:/bin"}
+    script = (
+        "import os, sys; from apps.jobs.models import Job; "
+        "print('prefix', os.path.realpath(sys.prefix), Job.objects.count() >= 0)"
+    )
+    ran = launcher(
+        outside, "run", "--", "python", "manage.py", "shell", "-c", script, env=env, timeout=120
     )
     assert ran.returncode == 0, ran.stderr
     assert "attached to the running platform" in ran.stdout + ran.stderr
