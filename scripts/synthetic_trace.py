@@ -22,6 +22,13 @@ Shapes:
   7 % training runs of 2, 4 or 8 GPUs (log-normal around 30 minutes); half of the rows
   constrain the GPU type to H100 or A100; free is always preemptible, paid mostly
   (80 %), enterprise mostly not (40 %).
+- `short-gangs`: 3,000 short jobs over about 100 minutes (arrivals a Poisson stream)
+  from 300 orgs of 3 users (20 % enterprise, 40 % paid, 40 % free jobs); 1, 2 and 4 GPUs
+  and half a GPU (3 / 1 / 1 / 1 in 6); run times log-normal around 20 s with a long
+  tail (sigma 1); a quarter of the rows want a T4, which only T4 nodes have; free is
+  always preemptible, paid half the time, enterprise never. Short jobs of several GPUs
+  that never reach a checkpoint in the replay's default: a preemption costs all their
+  progress (docs/scheduler-experiments.md, "Short gangs that never reach a checkpoint").
 
 Columns: submit_s,duration_s,gpu_count,gpu_types,tier,org,user,preemptible (see
 ../shared/traces/README.md). Seeded: the same arguments write the same file.
@@ -125,11 +132,30 @@ def inference_and_training(rng: random.Random) -> list[tuple]:
         )
 
 
+def short_gangs(rng: random.Random) -> list[tuple]:
+    tiers = ("enterprise", "paid", "free")
+    rows, now = [], 0.0
+    for _ in range(3000):
+        now += rng.expovariate(1 / 2.0)
+        tier = rng.choices(tiers, (0.2, 0.4, 0.4))[0]
+        gpus = rng.choice((1, 1, 1, 2, 4, 0.5))
+        run_s = rng.lognormvariate(math.log(20), 1.0)
+        types = rng.choice(("", "H100", "A100|H100", "T4"))
+        org = f"org{rng.randint(1, 300)}"
+        preemptible = tier == "free" or (tier == "paid" and rng.random() < 0.5)
+        user = f"{org}-u{rng.randint(1, 3)}"
+        rows.append(
+            (round(now, 3), round(run_s, 2), gpus, types, tier, org, user, str(preemptible).lower())
+        )
+    return rows
+
+
 SHAPES = {
     "heavy-tenants": (heavy_tenants, 3),
     "short-requests": (short_requests, 5),
     "gang-heavy": (gang_heavy, 1),
     "inference-and-training": (inference_and_training, 34),
+    "short-gangs": (short_gangs, 1),
 }
 
 

@@ -22,6 +22,7 @@ from apps.scheduler.simulate import (
 )
 from apps.scheduler.simulate.__main__ import main
 from apps.scheduler.simulate.engine import WAKE_DEBOUNCE_S
+from apps.scheduler.simulate.fleet import fleet_of_types
 from apps.scheduler.simulate.metrics import waits_by_size
 from apps.scheduler.simulate.workload import JobSpec, OrgSpec, Workload, flood, steady
 from apps.scheduler.simulate.workload import trace as trace_workload
@@ -218,6 +219,23 @@ def test_the_synthetic_traces_replay_whole_in_the_shapes_they_promise(tmp_path):
         heaviest = sum(n for _, n in per_org.most_common(heavy_orgs))
         assert heaviest / jobs > heavy_share
         assert {job.gpu_count for job in workload.jobs} == gpu_counts
+
+
+def test_the_short_gangs_trace_is_short_jobs_of_several_gpus_that_never_checkpoint(tmp_path):
+    script = synthetic_trace_script()
+    path = tmp_path / "short-gangs.csv"
+    assert script.main(["short-gangs", str(path)]) == 0
+    gpu_types = fleet_of_types(24, ["H100", "A100", "T4"]).gpu_types
+    workload = trace_workload(path, gpu_types, duration_s=3600.0, checkpoint_every_s=None)
+    jobs = workload.jobs
+    assert len(jobs) == 3000, workload.notes  # nothing dropped
+    assert {job.gpu_count for job in jobs} == {1, 2, 4}
+    assert "asking for a fraction of a GPU" in workload.notes[0]
+    assert sum(job.gpu_types == ("T4",) for job in jobs) > 600
+    assert sorted(job.work_s for job in jobs)[1500] < 30
+    enterprise = [job for job in jobs if job.tier == "enterprise"]
+    assert 500 < len(enterprise) < 700 and not any(job.preemptible for job in enterprise)
+    assert all(job.checkpoint_every_s is None for job in jobs)
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shared Alibaba trace is not available")

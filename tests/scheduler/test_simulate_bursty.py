@@ -144,3 +144,53 @@ def test_a_large_fleet_runs_bursty_for_the_minutes_that_hold_its_default_request
     longer = run_scenario("bursty", ["fifo"], gpus=64, duration_s=1200.0)
     assert longer.results[0].duration_s == 1200.0
     assert "bursty's default" not in longer.text()
+
+
+def test_a_trace_row_may_give_its_own_checkpoint_interval_and_0_means_never(tmp_path):
+    path = tmp_path / "checkpoints.csv"
+    rows = [f"{HEADER},checkpoint_every_s"] + [
+        f"{i},60,1,,free,org-1,u1,true,{every}"
+        for i, every in enumerate(("30", "0", "", "-5", "nan", "soon"))
+    ]
+    rows.append("9,60,1,,paid,org-1,u1,false,30")  # never preempted: nothing to save
+    path.write_text("\n".join(rows) + "\n")
+    fleet = synthetic_fleet(8)
+    load = trace(path, fleet.gpu_types, duration_s=100.0)
+    intervals = {job.id: job.checkpoint_every_s for job in load.jobs}
+    assert intervals == {"t0": 30.0, "t1": None, "t2": 300.0, "t6": None}
+    assert "3 unusable rows skipped (first: line 5)" in load.notes[0], load.notes
+    assert (
+        "preemptible jobs checkpoint every 300 s (2 with an interval of their own)"
+        in (load.notes[0])
+    )
+    never = trace(path, fleet.gpu_types, duration_s=100.0, checkpoint_every_s=None)
+    assert [job.checkpoint_every_s for job in never.jobs] == [30.0, None, None, None]
+    assert "preemptible jobs never checkpoint" in never.notes[0]
+
+
+def test_a_replay_whose_jobs_checkpoint_loses_less_work_to_preemption(tmp_path):
+    # Eight free jobs of 10 minutes fill the node; enterprise jobs then preempt them.
+    # A trace says nothing of checkpoints: what a preemption costs is the replay's
+    # assumption, and it must show in the work lost.
+    path = tmp_path / "reclaimed.csv"
+    rows = [HEADER] + [f"0,600,1,,free,org-f{i},u1,true" for i in range(8)]
+    rows += [f"{100 + 20 * i},60,1,,enterprise,org-e,u1,false" for i in range(8)]
+    rows.append("400,1,1,,paid,org-p,u1,false")  # the replay's last submission
+    path.write_text("\n".join(rows) + "\n")
+
+    def lost(every):
+        report = run_scenario(
+            "trace",
+            ["fair"],
+            gpus=8,
+            trace_path=path,
+            duration_s=400.0,
+            warmup_s=50.0,
+            trace_checkpoint_every_s=every,
+        )
+        return report.summaries[0]
+
+    never, often = lost(None), lost(5.0)
+    assert never.preemptions >= 4 and often.preemptions >= 4
+    assert never.lost_gpu_seconds >= 100 * never.preemptions  # they ran 100 s and more
+    assert often.lost_gpu_seconds <= 10 * often.preemptions  # 5 s apart, plus the stop

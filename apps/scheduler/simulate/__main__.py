@@ -13,6 +13,7 @@ from apps.scheduler.policy import PolicyConfig, policy_with
 
 from .engine import EXPLAIN_EVERY_S
 from .runner import POLICIES, SCENARIOS, run_scenario
+from .workload import TRACE_CHECKPOINT_EVERY_S
 
 
 def _quota(text: str) -> dict[str, int | None]:
@@ -118,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace-max-work", type=_positive, default=3600.0, help="cap run times (s)"
     )
     parser.add_argument(
+        "--trace-checkpoint-every",
+        type=_non_negative,
+        default=TRACE_CHECKPOINT_EVERY_S,
+        metavar="S",
+        help="a trace's preemptible jobs checkpoint every S seconds of progress (0: never), "
+        "unless a row's checkpoint_every_s says otherwise (default %(default)g)",
+    )
+    parser.add_argument(
         "--policy-option",
         type=_policy_option,
         action="append",
@@ -167,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             trace_path=args.trace,
             trace_speedup=args.trace_speedup,
             trace_max_work_s=args.trace_max_work,
+            trace_checkpoint_every_s=args.trace_checkpoint_every or None,
             overload=args.load,
             flood_jobs=args.flood_jobs,
             warmup_s=args.warmup,

@@ -127,6 +127,7 @@ def build_workload(
     trace_path: str | Path | None = None,
     trace_speedup: float | None = None,
     trace_max_work_s: float = 3600.0,
+    trace_checkpoint_every_s: float | None = workload.TRACE_CHECKPOINT_EVERY_S,
 ) -> workload.Workload:
     types, total = fleet.gpu_types, fleet.total_gpus
     largest_node = max((len(gpus) for _, gpus in fleet.nodes), default=0)
@@ -140,6 +141,7 @@ def build_workload(
             trace_speedup,
             trace_max_work_s,
             max_gpus_per_job=largest_node,
+            checkpoint_every_s=trace_checkpoint_every_s,
         )
     if scenario == "bursty":
         load = workload.bursty(types, total, duration_s, seed, load=overload)
@@ -186,6 +188,7 @@ def run_scenario(
     trace_path: str | Path | None = None,
     trace_speedup: float | None = None,
     trace_max_work_s: float = 3600.0,
+    trace_checkpoint_every_s: float | None = workload.TRACE_CHECKPOINT_EVERY_S,
     overload: float | None = None,
     flood_jobs: int = 10_000,
     warmup_s: float | None = None,
@@ -233,6 +236,7 @@ def run_scenario(
         trace_path=trace_path,
         trace_speedup=trace_speedup,
         trace_max_work_s=trace_max_work_s,
+        trace_checkpoint_every_s=trace_checkpoint_every_s,
     )
     if chosen and duration_s < workload.DEFAULT_DURATION_S:
         load.notes.append(

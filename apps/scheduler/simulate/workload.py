@@ -292,7 +292,12 @@ TRACE_COLUMNS = (
     "org",
     "user",
     "preemptible",
+    "checkpoint_every_s",
 )
+# A trace says nothing of checkpoints: unless a row's `checkpoint_every_s` or the replay's
+# option says otherwise, its preemptible jobs checkpoint every 5 minutes (so the short
+# requests of a generation service never do, and a preemption loses all their progress).
+TRACE_CHECKPOINT_EVERY_S = 300.0
 _TRUE = frozenset({"true", "t", "yes", "y", "1"})
 
 
@@ -324,14 +329,19 @@ def trace_gpu_types(path: str | Path) -> list[str]:
     return list(names)
 
 
-def _trace_job(row: dict[str, str]) -> tuple[float, float, int, str, bool, bool] | None:
-    """(submit, duration, GPUs, tier, preemptible, rounded up) of a row; None if a value
-    is unusable. Defaults for absent columns: 1 GPU, tier paid, preemptible only in the
-    free tier. A fraction of a GPU (a GPU-sharing cluster's request, 0.25 or 1.5) asks
-    for whole GPUs here, as Gantry allocates them: rounded up."""
+def _trace_job(
+    row: dict[str, str],
+) -> tuple[float, float, int, str, bool, bool, float | None] | None:
+    """(submit, duration, GPUs, tier, preemptible, rounded up, checkpoint interval) of a
+    row; None if a value is unusable. Defaults for absent columns: 1 GPU, tier paid,
+    preemptible only in the free tier, the replay's checkpoint interval (returned as
+    None; a row's 0 means it never checkpoints, returned as 0.0). A fraction of a GPU (a
+    GPU-sharing cluster's request, 0.25 or 1.5) asks for whole GPUs here, as Gantry
+    allocates them: rounded up."""
     try:
         submit, duration = float(row["submit_s"]), float(row["duration_s"])
         gpus = float(row.get("gpu_count") or 1)
+        checkpoint = float(row["checkpoint_every_s"]) if row.get("checkpoint_every_s") else None
     except ValueError:
         return None
     tier = (row.get("tier") or PAID).lower()
@@ -339,10 +349,12 @@ def _trace_job(row: dict[str, str]) -> tuple[float, float, int, str, bool, bool]
         return None
     if not (math.isfinite(gpus) and gpus > 0):
         return None  # not a GPU job
+    if checkpoint is not None and not (math.isfinite(checkpoint) and checkpoint >= 0):
+        return None
     whole = math.ceil(gpus)
     flag = row.get("preemptible", "")
     preemptible = flag.lower() in _TRUE if flag else tier == FREE
-    return submit, duration, whole, tier, preemptible, whole != gpus
+    return submit, duration, whole, tier, preemptible, whole != gpus, checkpoint
 
 
 def trace(
@@ -352,14 +364,16 @@ def trace(
     speedup: float | None = None,
     max_work_s: float = 3600.0,
     max_gpus_per_job: int | None = None,
+    checkpoint_every_s: float | None = TRACE_CHECKPOINT_EVERY_S,
 ) -> Workload:
     """Replay a trace CSV (`submit_s,duration_s,gpu_count,gpu_types,tier,org,user,
-    preemptible`; see `_trace_job` for absent columns).
+    preemptible[,checkpoint_every_s]`; see `_trace_job` for absent columns).
 
     Submit times are divided by `speedup` (default: the whole trace fits `duration_s`,
     every row kept; a given `speedup` leaves out, and counts, the rows it puts after
     the window); run times are kept but capped at `max_work_s`; the declared max
-    runtime is 1.5x the (capped) run time; preemptible jobs checkpoint every 5 minutes.
+    runtime is 1.5x the (capped) run time; preemptible jobs checkpoint every
+    `checkpoint_every_s` of progress (None: never), unless their row gives its own.
     Rows whose GPU types are unknown to the fleet keep only the known ones (dropped if
     none is left); rows asking for more GPUs than a node has (`max_gpus_per_job`), and
     rows with a value that is not a number, a known tier or a positive GPU count, are
@@ -388,8 +402,8 @@ def trace(
     jobs: list[JobSpec] = []
     orgs: dict[str, set[str]] = {}
     org_tier: dict[str, str] = {}
-    dropped = too_large = rounded = after_window = 0
-    for line, row, submitted, duration, gpu_count, tier, preemptible, fraction in rows:
+    dropped = too_large = rounded = after_window = own_checkpoints = 0
+    for line, row, submitted, duration, gpu_count, tier, preemptible, fraction, every in rows:
         submit = (submitted - first) / speedup
         if fitted:
             # The span fits the window by construction: the rounding of the division
@@ -409,6 +423,8 @@ def trace(
         types = tuple(t for t in types if t in known)
         rounded += fraction
         work = max(1.0, min(duration, max_work_s))
+        own_checkpoints += every is not None and preemptible
+        every = checkpoint_every_s if every is None else every or None
         org = f"{row.get('org') or 'org'}.{tier[:3]}"
         orgs.setdefault(org, set()).add(row.get("user") or org)
         org_tier[org] = tier
@@ -424,7 +440,7 @@ def trace(
                 work_s=work,
                 gpu_types=types,
                 preemptible=preemptible,
-                checkpoint_every_s=300.0 if preemptible else None,
+                checkpoint_every_s=every if preemptible else None,
             )
         )
     jobs.sort(key=lambda j: (j.submit_at, j.id))
@@ -434,7 +450,13 @@ def trace(
     ]
     notes = [
         f"trace {Path(path).name}: {len(jobs)} jobs, time compressed {speedup:.4g}x, run "
-        f"times capped at {max_work_s:.0f} s"
+        f"times capped at {max_work_s:.0f} s, preemptible jobs "
+        + (
+            f"checkpoint every {checkpoint_every_s:g} s"
+            if checkpoint_every_s
+            else "never checkpoint"
+        )
+        + (f" ({own_checkpoints} with an interval of their own)" if own_checkpoints else "")
         + (f", {after_window} rows after the window left out" if after_window else "")
         + (f", {dropped} rows dropped (GPU types not in the fleet)" if dropped else "")
         + (f", {too_large} dropped (more GPUs than a node has)" if too_large else "")
