@@ -7,6 +7,7 @@ from django.db import transaction
 from apps.core.errors import Conflict
 from apps.jobs import streams
 from apps.jobs.models import Attempt, AttemptState, ExitClass, Job, JobStatus
+from apps.jobs.services import stop_requests
 from apps.jobs.services.attempts import end_attempt
 from apps.jobs.services.lifecycle import record_event
 from apps.jobs.services.outcomes import end_job
@@ -24,9 +25,10 @@ def cancel_job(job_id, *, actor: str, reason: str = "cancelled by the client") -
       released and the hold is released (nothing ran). If the worker claimed the
       attempt meanwhile, this falls through to the running case.
     - running / preempting: `cancel_requested` is set and noted in the event log; the
-      job stays running until its worker, which checks the flag on every heartbeat,
-      stops the process and finishes the job as cancelled, charging the time used. A
-      job that comes back to the queue instead is cancelled on arrival (lifecycle).
+      job stays running until its worker, told at once (services.stop_requests) and
+      reading the flag on every heartbeat regardless, stops the process and finishes
+      the job as cancelled, charging the time used. A job that comes back to the queue
+      instead is cancelled on arrival (lifecycle).
 
     Calling it again while a cancel is pending changes nothing. Locks the job row first.
     """
@@ -63,10 +65,10 @@ def cancel_job(job_id, *, actor: str, reason: str = "cancelled by the client") -
         if not job.cancel_requested:
             Job.objects.filter(pk=job.pk).update(cancel_requested=True)
             streams.announce_job_changed(job.pk)
+            stop_requests.announce_stop_requested(job.pk)
             record_event(
                 job,
-                reason=f"cancel requested ({reason}); the worker stops the run at its next "
-                "heartbeat",
+                reason=f"cancel requested ({reason}); the worker stops the run",
                 actor=actor,
                 data={"cancel_requested": True},
             )

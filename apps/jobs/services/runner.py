@@ -1,9 +1,10 @@
 """The runner: the process supervisor of one attempt on a GPU worker.
 
 It claims its attempt (attempts.claim_attempt), starts the black-box generator on the
-attempt's GPUs, reads its PROGRESS / CHECKPOINT lines, heartbeats (attempts.heartbeat),
-stops it for a cancel, a preemption, a hang or max_runtime_s (SIGTERM, the grace period,
-then SIGKILL of its process group), and finishes the attempt (attempts.finish_attempt),
+attempt's GPUs, reads its PROGRESS / CHECKPOINT lines, heartbeats (attempts.heartbeat;
+at once when a cancel or a preemption is announced, services.stop_requests), stops it
+for a cancel, a preemption, a hang or max_runtime_s (SIGTERM, the grace period, then
+SIGKILL of its process group), and finishes the attempt (attempts.finish_attempt),
 which moves the job on and settles its money. Guarantees (docs/architecture.md, "The
 flow of one job"):
 
@@ -58,7 +59,7 @@ from apps.jobs.models import (
     Job,
 )
 from apps.jobs.services import checkpoints as checkpoint_store
-from apps.jobs.services import logs, results
+from apps.jobs.services import logs, results, stop_requests
 from apps.jobs.services.attempts import (
     Fenced,
     Finish,
@@ -406,7 +407,8 @@ class _Run:
         )
         watchdog.start()
         try:
-            return self._supervise(gen)
+            with stop_requests.watch(self.job.pk) as stop_nudged:
+                return self._supervise(gen, stop_nudged)
         finally:
             supervised.set()
             if gen.proc.poll() is None:  # an error in here must not leave it running
@@ -448,7 +450,7 @@ class _Run:
             argv, cwd=self.scratch, env=env, stderr_path=self.scratch / "stderr.log", log=self.log
         )
 
-    def _supervise(self, gen: _Generator) -> RunOutcome:
+    def _supervise(self, gen: _Generator, stop_nudged: threading.Event) -> RunOutcome:
         last_output = self.started
         next_beat = self.started + settings.GANTRY_HEARTBEAT_S
         kill_at: float | None = None
@@ -473,6 +475,9 @@ class _Run:
             if kill_at is not None and now >= kill_at:
                 gen.signal(signal.SIGKILL)
                 kill_at = None
+            if stop_nudged.is_set():  # a cancel or preemption was announced: look now
+                stop_nudged.clear()
+                next_beat = now
             if now >= next_beat:
                 next_beat = now + settings.GANTRY_HEARTBEAT_S
                 job_signal = self._heartbeat(now)

@@ -1,9 +1,10 @@
 """Applying a preemption: ask the victims to stop, and keep their GPUs for the waiting job.
 
-Nothing is published: each victim job goes running → preempting, which its runner sees
-on its next heartbeat; the runner sends SIGTERM, gives the generator the grace period to
-checkpoint, then jobs.services.attempts.finish_attempt ends the attempt, releases its
-GPUs and moves the job preempting → queued (a runner that is gone has its lease reaped
+Each victim job goes running → preempting, which its runner is told of as the
+transaction commits (jobs.services.stop_requests; at its next heartbeat at the latest);
+the runner sends SIGTERM, gives the generator the grace period to checkpoint, then
+jobs.services.attempts.finish_attempt ends the attempt, releases its GPUs and moves
+the job preempting → queued (a runner that is gone has its lease reaped
 by services.recovery.requeue_attempt, which does the same). Only then are the GPUs free
 in the next snapshot, where the waiting job's NodeClaim (the policy's
 `claimed_node`) makes sure it is the one placed there.
@@ -17,6 +18,7 @@ from django.db import transaction
 
 from apps.fleet.models import NodeState
 from apps.jobs.models import Attempt, AttemptState, Job, JobStatus
+from apps.jobs.services import stop_requests
 from apps.jobs.services.deadlines import PAST_START_DEADLINE
 from apps.jobs.services.lifecycle import transition
 from apps.scheduler.models import DecisionKind, DecisionOutcome, DispatchDecision
@@ -114,6 +116,7 @@ def _preempt(decision: Preempt, *, tick: uuid.UUID) -> None:
             public_reason=PREEMPTED_FOR_TENANT,
         )
     for job_id in victims_by_attempt.values():
+        stop_requests.announce_stop_requested(job_id)
         transaction.on_commit(metrics.PREEMPTED_JOBS.labels(locked[job_id].tier).inc)
     record = DispatchDecision.objects.create(
         tick=tick,
