@@ -98,7 +98,10 @@ class _Listener:
             try:
                 if pubsub is None:
                     client = redis.Redis.from_url(
-                        settings.REDIS_URL, socket_connect_timeout=1.0, socket_timeout=5.0
+                        settings.REDIS_URL,
+                        socket_connect_timeout=1.0,
+                        socket_timeout=5.0,
+                        health_check_interval=30,  # a silent link is found out, not trusted
                     )
                     pubsub, sent = client.pubsub(), set()
                 sent = self._follow(pubsub, sent)
@@ -108,7 +111,7 @@ class _Listener:
                 message = pubsub.get_message(timeout=_POLL_S)
                 if message is not None:
                     self._deliver(message)
-            except (redis.RedisError, OSError) as exc:
+            except Exception as exc:  # Redis lost (or worse): the heartbeats go on regardless
                 logger.warning("stop-request listener lost Redis: %s", type(exc).__name__)
                 with contextlib.suppress(Exception):
                     pubsub.close()
