@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.jobs.models import Attempt, AttemptState, ExitClass, Job, JobEvent, JobStatus
-from apps.jobs.services import recovery
+from apps.jobs.services import recovery, stop_requests
 from apps.ledger import services as ledger
 from apps.ledger.models import Hold, HoldState
 from tests.jobs.factories import JobFactory, place
@@ -209,3 +209,19 @@ def test_a_waiting_job_whose_hold_expired_fails_and_frees_its_placement():
     assert attempt.state == AttemptState.FINISHED
     assert not attempt.assignments.filter(released_at__isnull=True).exists()
     assert ledger.reconcile(record=False) == []
+
+
+def test_a_running_job_whose_hold_expired_fails_and_its_worker_is_told_at_once(
+    django_capture_on_commit_callbacks,
+):
+    job, _attempt = running_job(lease_past=False)
+    Hold.objects.filter(pk=job.hold_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert ledger.expire_stale_holds() == 1
+
+    with stop_requests.watch(job.pk) as stop_nudged:
+        with django_capture_on_commit_callbacks(execute=True):
+            assert recovery.close_stranded_holds() == 1
+        assert stop_nudged.wait(5)
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.error_code == "hold_expired"

@@ -26,7 +26,7 @@ from apps.jobs.models import (
     Job,
     JobStatus,
 )
-from apps.jobs.services import billing, outcomes
+from apps.jobs.services import billing, outcomes, stop_requests
 from apps.jobs.services.attempts import end_attempt
 from apps.jobs.services.outcomes import after_attempt, requeue_or_fail
 from apps.ledger.models import HoldState
@@ -187,6 +187,9 @@ def close_stranded_hold(job_id) -> bool:
                 exit_class=ExitClass.KILLED,
                 error_message="never started: the job's credit hold expired",
             )
+        # A running attempt's runner stops the generator at once (its heartbeat reads
+        # the job as ended).
+        stop_requests.announce_stop_requested(job.pk)
         outcomes.end_job(
             job.pk,
             to=JobStatus.FAILED,

@@ -1,7 +1,8 @@
 """Telling a running attempt's worker at once that its job should stop.
 
 A cancel or a preemption is written to PostgreSQL (the job's `cancel_requested`, or
-running → preempting), which the attempt's runner reads on its next heartbeat
+running → preempting; or the job is ended under its runner, its credit hold expired),
+which the attempt's runner reads on its next heartbeat
 (GANTRY_HEARTBEAT_S). So that the generator is stopped within a fraction of a second
 instead, the change also publishes a nudge on the job's stop channel once it commits
 (`announce_stop_requested`); the runner listens there while it supervises the attempt
