@@ -7,12 +7,16 @@ down, and must not stall a request waiting for it.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import redis
 from django.conf import settings
+from django.db import transaction
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+logger = logging.getLogger(__name__)
 
 _client: redis.Redis | None = None
 _lock = threading.Lock()
@@ -38,3 +42,17 @@ def reset_redis_client() -> None:
     global _client
     with _lock:
         _client = None
+
+
+def publish_on_commit(channel: str, message: bytes = b"1") -> None:
+    """Publish `message` on the pub/sub `channel` once the current transaction commits
+    (at once outside one). For nudges ("look again"): best effort, a Redis that is down
+    never fails the change, and listeners must re-read the truth on their own timer."""
+
+    def publish() -> None:
+        try:
+            redis_client().publish(channel, message)
+        except (redis.RedisError, OSError):
+            logger.debug("nudge on %s not published", channel, exc_info=True)
+
+    transaction.on_commit(publish, robust=True)

@@ -25,10 +25,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import redis
-from django.db import transaction
 
 from apps.core.pubsub import channel_hub
-from apps.core.redis import redis_client
+from apps.core.redis import publish_on_commit
 from apps.jobs import queue_state
 from apps.jobs.services import logs
 
@@ -48,14 +47,7 @@ def channel_of(job_id) -> str:
 def announce_job_changed(job_id) -> None:
     """Nudge the job's listeners once the current transaction commits (right away
     outside one). Best effort: Redis down only delays listeners until their re-read."""
-
-    def publish():
-        try:
-            redis_client().publish(channel_of(job_id), b"1")
-        except redis.RedisError:  # a nudge must never fail the change itself
-            logger.debug("job change nudge not published", exc_info=True)
-
-    transaction.on_commit(publish, robust=True)
+    publish_on_commit(channel_of(job_id))
 
 
 def _seen_by_tenant(body: dict) -> tuple:

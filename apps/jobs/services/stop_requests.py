@@ -24,9 +24,8 @@ from collections.abc import Iterator
 
 import redis
 from django.conf import settings
-from django.db import transaction
 
-from apps.core.redis import redis_client
+from apps.core.redis import publish_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +44,7 @@ def channel_of(job_id) -> str:
 def announce_stop_requested(job_id) -> None:
     """Nudge the runner of the job's attempt once the current transaction commits (at
     once outside one). Best effort: without Redis the runner stops at its next heartbeat."""
-
-    def publish() -> None:
-        try:
-            redis_client().publish(channel_of(job_id), b"stop")
-        except (redis.RedisError, OSError):  # a nudge must never fail the change itself
-            logger.debug("stop nudge not published", exc_info=True)
-
-    transaction.on_commit(publish, robust=True)
+    publish_on_commit(channel_of(job_id), b"stop")
 
 
 class _Listener:
