@@ -1,10 +1,12 @@
-"""Redis pub/sub fanned out to many asyncio listeners over one connection per process.
+"""Redis pub/sub fanned out to many listeners over one connection per process.
 
-Each open stream (a tenant following a job) waits on an asyncio queue, not on a
-connection of its own: a process holds one Redis connection for all its listeners,
-subscribes a channel while someone listens to it and drops it when the last one leaves.
-Messages are nudges ("look again"), not state: pub/sub forgets what nobody hears, so a
-listener re-reads the truth from PostgreSQL when nudged and now and then regardless.
+Two kinds of process listen, each its own way: the API's event loop (an open stream, a
+tenant following a job, waits on an asyncio queue: `ChannelHub`, `channel_hub`) and a
+worker's threads (a running attempt waits on a threading.Event: `ThreadChannelHub`).
+Either way a process holds one Redis connection for all its listeners, subscribes a
+channel while someone listens to it and drops it when the last one leaves. Messages are
+nudges ("look again"), not state: pub/sub forgets what nobody hears, so a listener
+re-reads the truth from PostgreSQL when nudged and now and then regardless.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 
+import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
@@ -21,6 +26,14 @@ logger = logging.getLogger(__name__)
 
 # A listener's queue is bounded: a nudge more while one is pending carries no news.
 _QUEUE_SIZE = 1
+
+# ThreadChannelHub: how long its listener blocks on Redis before it looks at what to
+# (un)subscribe (also the longest a new watch waits for its subscription to be asked
+# for), how long `watch` waits for the subscription before it goes on without it, and
+# the pause before a reconnection.
+_POLL_S = 0.1
+SUBSCRIBE_TIMEOUT_S = 1.0
+_RECONNECT_PAUSE_S = 1.0
 
 
 class ChannelHub:
@@ -124,3 +137,104 @@ def channel_hub() -> ChannelHub:
     if hub is None:
         hub = _hubs[id(loop)] = ChannelHub(settings.REDIS_URL)
     return hub
+
+
+class ThreadChannelHub:
+    """One process's subscriptions for its threads: a channel's watchers are
+    threading.Events, set by one listener thread that holds the process's connection
+    (started with the first watch; it reconnects on any error, and the watchers' own
+    timers go on meanwhile). Redis is `url`, or settings.REDIS_URL when it connects."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self._url = url
+        self._lock = threading.Lock()
+        self._watchers: dict[str, set[threading.Event]] = {}
+        self._subscribed: dict[str, threading.Event] = {}  # set once the channel is live
+        self._confirmed: set[str] = set()  # channels Redis confirmed and has not dropped
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watch(self, channel: str) -> Iterator[threading.Event]:
+        """An event set whenever a message comes on the channel, for as long as the block
+        runs. Waits (up to SUBSCRIBE_TIMEOUT_S) until the subscription is live, so that a
+        message published after this returns is heard."""
+        nudged = threading.Event()
+        with self._lock:
+            self._watchers.setdefault(channel, set()).add(nudged)
+            live = self._subscribed.setdefault(channel, threading.Event())
+            if channel in self._confirmed:  # still subscribed for an earlier watcher
+                live.set()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pubsub-listener", daemon=True
+                )
+                self._thread.start()
+        if not live.wait(SUBSCRIBE_TIMEOUT_S):
+            logger.info("not subscribed to %s in time: going on without it", channel)
+        try:
+            yield nudged
+        finally:
+            with self._lock:
+                watchers = self._watchers.get(channel, set())
+                watchers.discard(nudged)
+                if not watchers:
+                    self._watchers.pop(channel, None)
+                    self._subscribed.pop(channel, None)
+
+    def _run(self) -> None:
+        pubsub, sent = None, set()
+        while True:
+            try:
+                if pubsub is None:
+                    client = redis.Redis.from_url(
+                        self._url or settings.REDIS_URL,
+                        socket_connect_timeout=1.0,
+                        socket_timeout=5.0,
+                        health_check_interval=30,  # a silent link is found out, not trusted
+                    )
+                    pubsub, sent = client.pubsub(), set()
+                sent = self._follow(pubsub, sent)
+                if not sent:
+                    time.sleep(_POLL_S)
+                    continue
+                message = pubsub.get_message(timeout=_POLL_S)
+                if message is not None:
+                    self._deliver(message)
+            except Exception as exc:  # Redis lost (or worse): the watchers' timers go on
+                logger.warning("pub/sub listener lost Redis: %s", type(exc).__name__)
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+                pubsub = None
+                with self._lock:
+                    self._confirmed.clear()
+                    for live in self._subscribed.values():
+                        live.clear()
+                time.sleep(_RECONNECT_PAUSE_S)
+
+    def _follow(self, pubsub, sent: set[str]) -> set[str]:
+        """Subscribe the channels now watched and drop the others; returns the channels
+        asked for (each is live once Redis confirms it, see _deliver)."""
+        with self._lock:
+            wanted = set(self._watchers)
+        if wanted - sent:
+            pubsub.subscribe(*(wanted - sent))
+        if sent - wanted:
+            with self._lock:  # no longer live for a watcher that comes meanwhile
+                self._confirmed.difference_update(sent - wanted)
+            pubsub.unsubscribe(*(sent - wanted))
+        return wanted
+
+    def _deliver(self, message: dict) -> None:
+        channel = message["channel"]
+        channel = channel.decode() if isinstance(channel, bytes) else channel
+        with self._lock:
+            if message["type"] == "subscribe":  # from now on a message published is heard
+                self._confirmed.add(channel)
+                live = self._subscribed.get(channel)
+                if live is not None:
+                    live.set()
+            elif message["type"] == "unsubscribe":
+                self._confirmed.discard(channel)
+            elif message["type"] == "message":
+                for nudged in self._watchers.get(channel, ()):
+                    nudged.set()

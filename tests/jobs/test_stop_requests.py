@@ -16,7 +16,7 @@ from apps.jobs.services import stop_requests
 from apps.jobs.services.cancel import cancel_job
 from tests.jobs.factories import funded_org
 from tests.ledger.assertions import assert_ledger_exact
-from tests.worker_harness import Beat, WorkerPool, free_port, submit_job
+from tests.worker_harness import Beat, WorkerPool, submit_job
 
 
 @pytest.mark.django_db
@@ -30,28 +30,6 @@ def test_a_watched_job_is_nudged_when_its_stop_is_announced_and_no_other_is(
             assert not nudged.is_set()  # not before the change commits
         assert nudged.wait(5)
         assert not other_nudged.wait(0.3)
-
-
-def test_a_job_no_longer_watched_is_unsubscribed():
-    job = uuid.uuid4()
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    channel = stop_requests.channel_of(job)
-    with stop_requests.watch(job):
-        assert client.pubsub_numsub(channel) == [(channel.encode(), 1)]
-    deadline = time.monotonic() + 5
-    while client.pubsub_numsub(channel) != [(channel.encode(), 0)]:
-        assert time.monotonic() < deadline, "still subscribed after the watch ended"
-        time.sleep(0.05)
-
-
-def test_without_redis_a_watch_goes_on_after_its_timeout_and_heartbeats_decide(settings):
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    listener = stop_requests._Listener()
-    started = time.monotonic()
-    with listener.watch(uuid.uuid4()) as nudged:
-        waited = time.monotonic() - started
-        assert not nudged.is_set()
-    assert stop_requests.SUBSCRIBE_TIMEOUT_S <= waited < stop_requests.SUBSCRIBE_TIMEOUT_S + 2
 
 
 # --------------------------------------------------------------------------- end to end
