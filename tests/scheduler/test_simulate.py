@@ -187,7 +187,11 @@ def test_a_trace_of_only_submit_and_duration_runs_as_one_paid_org(tmp_path):
     trace = tmp_path / "bare.csv"
     trace.write_text("submit_s,duration_s\n" + "".join(f"{i},{30 + i}\n" for i in range(20)))
     report = run_scenario("trace", ["fair"], gpus=8, trace_path=trace, duration_s=300.0)
-    assert report.summaries[0].started == 20
+    [summary] = report.summaries
+    assert summary.started == 20
+    # One org alone: Jain's index is undefined, and the count says why (one org, not none).
+    assert summary.jain["paid"] == (None, 1)
+    assert summary.jain["enterprise"] == (None, 0)
 
 
 def synthetic_trace_script():

@@ -115,9 +115,9 @@ def tier_jain(result: SimResult, tier: str) -> tuple[float | None, int]:
     indexes, most = [], 0
     for window in result.demand_windows:
         orgs = window.get(tier, {})
-        if len(orgs) < 2:
-            continue
         most = max(most, len(orgs))
+        if len(orgs) < 2:  # one org alone is trivially fair: no index for the window
+            continue
         held = {org: h for org, (h, _) in orgs.items()}
         wanted = {org: w for org, (_, w) in orgs.items()}
         weights = {org: result.org_weight.get(org, 1.0) for org in orgs}
