@@ -528,6 +528,29 @@ def test_concurrent_submissions_as_the_lanes_run_dry_hold_exactly_the_credit_the
     assert (fallbacks_after or 0) > (fallbacks_before or 0)  # some submission ran again
 
 
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submissions_of_an_org_with_a_budget_as_its_lanes_run_dry_run_again_as_asked():
+    # Each submission may run three times: sent without the budgets' part (the org has a
+    # budget), then to its lane (dry), then to every lane. None answers 500, every one
+    # 202 or 402, and the budget counts exactly what is held.
+    reset_job_state()
+    hold = math.ceil(600 * H100_PRICE / 3600)
+    org = OrgFactory(tier=Tier.PAID)
+    ProjectFactory(org=org, name="video")
+    with override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=1):
+        grant_credits(org, amount=hold * 104 // 10)
+    ledger.set_budget(org=org, limit=1000 * hold, period="month", mode="hard")
+
+    answers = submit_at_once(org_key(org), 16, spec_body(project="video"))
+
+    assert sorted(a.status_code for a in answers) == [202] * 10 + [402] * 6
+    assert Job.objects.filter(org=org).count() == Hold.objects.filter(org=org).count() == 10
+    [budget] = ledger_selectors.budgets_of(org=org)
+    held, _consumed = ledger_selectors.budget_usage(budget)
+    assert held == 10 * hold
+    assert ledger.reconcile(record=False) == []
+
+
 def submit_at_once(raw_key: str, count: int, body: dict, *, key: str | None = None) -> list:
     """`count` clients of one org key submit `body` together (each on its own database
     connection, released by one barrier); their answers."""

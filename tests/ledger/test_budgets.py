@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
 from apps.core.errors import BudgetExceeded, GantryError
 from apps.ledger import services
@@ -52,6 +53,44 @@ def test_a_hard_budget_refuses_and_nothing_is_held(org, assert_ledger_consistent
     assert Entry.objects.count() == entries
     assert services.reserve(org=org, amount=2 * CREDIT, idempotency_key="fits")
     assert_ledger_consistent()
+
+
+def test_a_hard_budget_set_after_the_org_reserved_without_one_is_enforced_from_the_next_hold(
+    org, assert_ledger_consistent
+):
+    # The org's first holds go without the budgets' part (it has none); the budget then
+    # counts them, and the next reservation finds the budget although this process last
+    # saw the org without one.
+    services.reserve(org=org, amount=8 * CREDIT, idempotency_key="before")
+    services.set_budget(org=org, limit=10 * CREDIT, period="month", mode="hard")
+
+    with pytest.raises(BudgetExceeded):
+        services.reserve(org=org, amount=3 * CREDIT, idempotency_key="over")
+    services.reserve(org=org, amount=2 * CREDIT, idempotency_key="fits")
+
+    budget = Budget.objects.get(org=org)
+    assert budget.held == 10 * CREDIT
+    assert not Hold.objects.filter(idempotency_key="over").exists()
+    assert_ledger_consistent()
+
+
+def budgets_found() -> float:
+    labels = {"op": "reserve", "outcome": "budgets_found"}
+    return REGISTRY.get_sample_value("gantry_ledger_operations_total", labels) or 0
+
+
+def test_an_org_with_budgets_costs_one_statement_more_once_then_is_reserved_for_with_them(org):
+    BudgetFactory(org=org, limit=100 * CREDIT, mode="soft")
+    other = OrgFactory()
+    BucketFactory(org=other, granted=100 * CREDIT)
+    before = budgets_found()
+
+    for n in range(3):
+        services.reserve(org=org, amount=CREDIT, idempotency_key=f"with-{n}")
+        services.reserve(org=other, amount=CREDIT, idempotency_key=f"without-{n}")
+
+    assert budgets_found() == before + 1  # the org's first hold only; never the other's
+    assert Budget.objects.get(org=org).held == 3 * CREDIT
 
 
 def test_every_level_of_the_hierarchy_is_checked_org_project_user(org):

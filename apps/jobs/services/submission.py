@@ -9,8 +9,8 @@ The hot path is seven statements in three PostgreSQL round trips: BEGIN (psycopg
 for it, pipeline or not); the idempotency lock and every admission read; then the
 ledger's budget lock and reservation, the INSERT of the job and its event, and COMMIT.
 The reservation has no savepoint of its own (a refusal fails the submission anyway);
-when its lanes cannot serve it, the whole transaction runs again
-(ledger.ReservationRetry).
+when its lanes cannot serve it, or it went without the budgets' part to an org that has
+budgets, the whole transaction runs again (ledger.ReservationRetry).
 
 Idempotency: the Idempotency-Key is scoped to the org, or to the project of a
 project-bound API key. Concurrent submissions with one
@@ -157,7 +157,7 @@ def submit_job(
             submission = admit()
             break
         except ledger.ReservationRetry:
-            # Rolled back whole; the org's next reservation draws from every lane.
+            # Rolled back whole; the org's next reservation is sent as this one asked.
             if attempt + 1 == RESERVATION_ATTEMPTS:
                 raise
     job = submission.job
@@ -172,8 +172,10 @@ def submit_job(
     return submission
 
 
-# A reservation whose lanes could not serve it asks for the transaction again, once.
-RESERVATION_ATTEMPTS = 2
+# A reservation that could not be made as sent asks for the transaction again: sent
+# without the budgets' part for an org that has budgets (then with them), and sent to
+# lanes that could not serve it (then to every lane), at most once each.
+RESERVATION_ATTEMPTS = 3
 
 
 def _admit(

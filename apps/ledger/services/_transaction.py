@@ -34,6 +34,7 @@ BUDGET_EXCEEDED = "GLB01"
 LOCK_NOT_HELD = "GLX01"
 LANE_FALLBACK = "GLL01"  # the lanes a reservation chose cannot serve it: try them all
 INSUFFICIENT_CREDITS = "GLC01"  # a reservation found less credit than it asked for
+BUDGETS_EXIST = "GLB02"  # a reservation sent without the budgets' part found the org has some
 
 
 class LedgerTransaction:

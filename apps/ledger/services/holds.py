@@ -29,6 +29,7 @@ from apps.ledger.models import Account, EntryKind, Hold, HoldState
 from apps.ledger.services import budgets
 from apps.ledger.services._statements import Changes, flush, refused_by_budget
 from apps.ledger.services._transaction import (
+    BUDGETS_EXIST,
     INSUFFICIENT_CREDITS,
     LANE_FALLBACK,
     LedgerTransaction,
@@ -79,6 +80,14 @@ SELECT b.id, b.kind, b.expires_at, b.created_at,
 # The budget rows are the org's hottest (every hold of the org touches them): the final
 # SELECT reads the allocation, entry and bucket writes first, so that the budget CTEs
 # run last and their row locks are held only from there to the commit.
+#
+# Most orgs have no budget, and the budget CTEs cost a reservation a tenth of its
+# PostgreSQL CPU even with no row to read (their plan nodes are set up on every
+# execution). So each statement also comes without them, for an org this process has not
+# seen with budgets lately: that one checks instead that the org has none (one index
+# probe, under the org's shared budget lock, so set_budget cannot create one meanwhile)
+# and raises BUDGETS_EXIST, writing nothing, if it has; the caller then sends the
+# statement with the budgets. No refusal of the statement without them can hide that one.
 _RESERVE = """
 WITH cand AS (
     SELECT b.id, b.lane, coalesce(b.lane_of_id, b.id) AS grp,
@@ -118,6 +127,8 @@ WITH cand AS (
          WHERE c.id NOT IN (SELECT id FROM pick) AND c.grp <> l.grp
            AND ({burn_order_of_c}, c.grp) < ({burn_order_of_l}, l.grp)
     ) AS ok
+), nb AS (
+    {budget_probe}
 ), drawn AS (
     SELECT (SELECT ok FROM enough) AND (SELECT ok FROM in_order) AS ok
 ), hi AS (
@@ -128,7 +139,7 @@ WITH cand AS (
            'active', %(key)s, e.at, '', statement_timestamp(), %(lane)s
       FROM (SELECT coalesce(%(expires_at)s::timestamptz,
                             statement_timestamp() + %(ttl)s * interval '1 second') AS at) e
-     WHERE (SELECT ok FROM drawn) AND e.at > statement_timestamp()
+     WHERE (SELECT ok FROM drawn) AND (SELECT ok FROM nb) AND e.at > statement_timestamp()
     ON CONFLICT (org_id, idempotency_key) DO NOTHING
     RETURNING expires_at
 ), na AS (
@@ -157,7 +168,7 @@ SELECT statement_timestamp(), (SELECT coalesce(sum(available), 0) FROM cand),
        (SELECT count(*) FROM na) + (SELECT count(*) FROM e) + (SELECT count(*) FROM ub),
        (SELECT count(*) FROM ga),
        {lane_fallback},
-       CASE WHEN NOT (SELECT ok FROM drawn) AND NOT {falls_back}
+       CASE WHEN NOT (SELECT ok FROM drawn) AND NOT {falls_back} AND (SELECT ok FROM nb)
                  AND NOT EXISTS (SELECT 1 FROM ledger_hold
                                   WHERE org_id = %(org)s AND idempotency_key = %(key)s)
             THEN ledger_raise('{insufficient}', format(
@@ -180,27 +191,44 @@ _EVERY_BUCKET = "SELECT id FROM cand"
 _FALLS_BACK = """(NOT (SELECT ok FROM in_order)
                OR (SELECT coalesce(sum(available), 0) FROM cand) >= %(amount)s)"""
 _FALLBACK = f"""
-CASE WHEN NOT (SELECT ok FROM drawn) AND {_FALLS_BACK}
+CASE WHEN NOT (SELECT ok FROM drawn) AND {_FALLS_BACK} AND (SELECT ok FROM nb)
      THEN ledger_raise('{LANE_FALLBACK}', 'the chosen lanes cannot serve this hold') END
 """
 
 
-def _reserve_sql(sources: str, *, lanes: str, lane_fallback: str) -> str:
-    guard = "EXISTS (SELECT 1 FROM hi)"
-    parts, checks = budgets.statement_parts(
-        charge=True, guard=guard, now="statement_timestamp()", lanes=lanes
-    )
-    ctes = ",\n".join(f"{name} AS ({sql})" for name, sql in parts)
-    refusals = ",\n".join(
-        f"CASE WHEN NOT ({ok}) THEN ledger_raise('{code}', {message}) END"
-        for ok, code, message in checks
-    )
+# nb: whether the statement may go on as it is. With the budgets' part, always; without
+# it, only if the org has no budget (else it writes nothing and raises BUDGETS_EXIST,
+# and neither a lane fallback nor a 402 decided without the budgets).
+_WITH_BUDGETS_PROBE = "SELECT true AS ok"
+_NO_BUDGETS_PROBE = "SELECT NOT EXISTS (SELECT 1 FROM ledger_budget WHERE org_id = %(org)s) AS ok"
+_NO_BUDGETS = "ga AS (SELECT 1 WHERE false)"  # no budget alerts to count
+_NO_BUDGETS_CHECK = (
+    f"CASE WHEN NOT (SELECT ok FROM nb) THEN ledger_raise('{BUDGETS_EXIST}', "
+    "'the org has budgets: reserve with them') END"
+)
+
+
+def _reserve_sql(sources: str, *, lanes: str, lane_fallback: str, with_budgets: bool) -> str:
+    if with_budgets:
+        guard = "EXISTS (SELECT 1 FROM hi)"
+        parts, checks = budgets.statement_parts(
+            charge=True, guard=guard, now="statement_timestamp()", lanes=lanes
+        )
+        ctes = ",\n".join(f"{name} AS ({sql})" for name, sql in parts)
+        refusals = ",\n".join(
+            f"CASE WHEN NOT ({ok}) THEN ledger_raise('{code}', {message}) END"
+            for ok, code, message in checks
+        )
+        probe = _WITH_BUDGETS_PROBE
+    else:
+        ctes, refusals, probe = _NO_BUDGETS, _NO_BUDGETS_CHECK, _NO_BUDGETS_PROBE
     return (
         _RESERVE.replace("{sources}", sources)
         .replace("{budgets}", ctes)
         .replace("{budget_checks}", refusals)
         .replace("{lane_fallback}", lane_fallback)
         .replace("{falls_back}", _FALLS_BACK if lanes == "own" else "false")
+        .replace("{budget_probe}", probe)
         .replace("{insufficient}", INSUFFICIENT_CREDITS)
         .replace("{burn_order}", ", ".join(BURN_ORDER_SQL))
         .replace("{burn_order_of_c}", ", ".join(f"c.{key}" for key in BURN_ORDER_SQL))
@@ -209,8 +237,24 @@ def _reserve_sql(sources: str, *, lanes: str, lane_fallback: str) -> str:
 
 
 # The fast statement: one lane of each grant and budget. The complete one: all of them.
-RESERVE_FROM_LANES = _reserve_sql(_ONE_LANE_EACH, lanes="own", lane_fallback=_FALLBACK)
-RESERVE = _reserve_sql(_EVERY_BUCKET, lanes="all", lane_fallback="NULL")
+# Each with the budgets' part, and without it (see above).
+RESERVE_FROM_LANES = _reserve_sql(
+    _ONE_LANE_EACH, lanes="own", lane_fallback=_FALLBACK, with_budgets=True
+)
+RESERVE = _reserve_sql(_EVERY_BUCKET, lanes="all", lane_fallback="NULL", with_budgets=True)
+RESERVE_FROM_LANES_NO_BUDGETS = _reserve_sql(
+    _ONE_LANE_EACH, lanes="own", lane_fallback=_FALLBACK, with_budgets=False
+)
+RESERVE_NO_BUDGETS = _reserve_sql(
+    _EVERY_BUCKET, lanes="all", lane_fallback="NULL", with_budgets=False
+)
+# (every lane, with the budgets' part) -> the statement.
+_RESERVE_STATEMENTS = {
+    (False, False): RESERVE_FROM_LANES_NO_BUDGETS,
+    (True, False): RESERVE_NO_BUDGETS,
+    (False, True): RESERVE_FROM_LANES,
+    (True, True): RESERVE,
+}
 BUDGET_LOCK = f"SELECT {budget_lock_sql('%(org)s::text')}"
 
 
@@ -340,33 +384,45 @@ _SESSION_LANES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ReservationRetry(Exception):
-    """A reservation without a savepoint met lanes that could not serve it: the caller's
-    transaction is aborted; run it again (its reservation then draws from every lane)."""
+    """A reservation without a savepoint could not be made as it was sent (its lanes
+    could not serve it, or it went without the budgets' part to an org that has budgets):
+    the caller's transaction is aborted; run it again (its reservation is then sent to
+    every lane, or with the budgets)."""
+
+
+class _OrgsForAWhile:
+    """Orgs this process remembers something of for `seconds` after it last saw it (a
+    hint for which statement to send first, never a guarantee: each statement checks)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._until: dict = {}
+
+    def __contains__(self, org_id) -> bool:
+        until = self._until.get(org_id)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        self._until.pop(org_id, None)
+        return False
+
+    def remember(self, org_id) -> None:
+        now = time.monotonic()
+        if len(self._until) > 10_000:  # forget the orgs whose time is up
+            for key in [key for key, until in self._until.items() if until <= now]:
+                self._until.pop(key, None)
+        self._until[org_id] = now + self.seconds
 
 
 # An org whose lanes could not serve a hold reserves from all its buckets for a while
 # (its lanes are running dry, or a higher-ranked grant's are funded): the fast statement
 # would only fail again.
-EVERY_LANE_FOR_S = 10.0
-_EVERY_LANE_UNTIL: dict = {}
-
-
-def _draws_from_every_lane(org_id) -> bool:
-    until = _EVERY_LANE_UNTIL.get(org_id)
-    if until is None:
-        return False
-    if until > time.monotonic():
-        return True
-    _EVERY_LANE_UNTIL.pop(org_id, None)
-    return False
-
-
-def _remember_every_lane(org_id) -> None:
-    now = time.monotonic()
-    if len(_EVERY_LANE_UNTIL) > 10_000:  # forget the orgs whose time is up
-        for key in [key for key, until in _EVERY_LANE_UNTIL.items() if until <= now]:
-            _EVERY_LANE_UNTIL.pop(key, None)
-    _EVERY_LANE_UNTIL[org_id] = now + EVERY_LANE_FOR_S
+_DRAWING_FROM_EVERY_LANE = _OrgsForAWhile(10.0)
+# An org found with budgets is reserved for with the budgets' part for ten minutes, then
+# without it again (its budgets may be gone): found anew, it costs one statement more per
+# process every ten minutes.
+_WITH_BUDGETS = _OrgsForAWhile(600.0)
 
 
 def _owns_transaction() -> bool:
@@ -378,22 +434,30 @@ def _key_taken(org, key: str) -> bool:
 
 
 def _draw_in_lanes(org_id, *, params: dict, savepoint: bool, then, last) -> tuple:
-    """The fast statement (one lane of each grant and budget), and the complete one when
-    those lanes cannot serve the hold: (now, the hold's expires_at or None, alerts)."""
+    """The fast statement (one lane of each grant and budget) without the budgets' part,
+    unless the org's lanes lately could not serve a hold (then the complete statement,
+    every lane) or it was lately found with budgets (then with them); sent again as it
+    asks when it cannot be made as sent: (now, the hold's expires_at or None, alerts).
+    Each retry sends one part more, so there are at most two."""
     draw = {"params": params, "org_id": org_id, "savepoint": savepoint, "then": then, "last": last}
-    if _draws_from_every_lane(org_id):
-        return _draw(RESERVE, **draw)
-    try:
-        return _draw(RESERVE_FROM_LANES, **draw)
-    except psycopg.Error as error:
-        if error.sqlstate != LANE_FALLBACK:
-            raise
-        # The chosen lanes could not serve it (rolled back: nothing held, no lock kept).
-        count("reserve", "lane_fallback")
-        _remember_every_lane(org_id)
-        if not (savepoint or _owns_transaction()):  # the caller's transaction is aborted
-            raise ReservationRetry from error
-    return _draw(RESERVE, **draw)
+    every_lane, with_budgets = org_id in _DRAWING_FROM_EVERY_LANE, org_id in _WITH_BUDGETS
+    while True:
+        try:
+            return _draw(_RESERVE_STATEMENTS[every_lane, with_budgets], **draw)
+        except psycopg.Error as error:
+            if error.sqlstate == LANE_FALLBACK:  # only the fast statement raises it
+                count("reserve", "lane_fallback")
+                _DRAWING_FROM_EVERY_LANE.remember(org_id)
+                every_lane = True
+            elif error.sqlstate == BUDGETS_EXIST:  # only a statement without them does
+                count("reserve", "budgets_found")
+                _WITH_BUDGETS.remember(org_id)
+                with_budgets = True
+            else:
+                raise
+            # Rolled back: nothing held, no lock kept.
+            if not (savepoint or _owns_transaction()):  # the caller's transaction is aborted
+                raise ReservationRetry from error
 
 
 def _draw(statement: str, *, params: dict, org_id, savepoint: bool, then, last) -> tuple:
