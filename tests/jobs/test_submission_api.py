@@ -511,11 +511,7 @@ def test_concurrent_submissions_as_the_lanes_run_dry_hold_exactly_the_credit_the
     # to). Every submission ends 202 or 402, never twice held, never overdrawn.
     reset_job_state()
     hold = math.ceil(600 * H100_PRICE / 3600)
-    org = OrgFactory(tier=Tier.PAID)
-    ProjectFactory(org=org, name="video")
-    lanes = override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=1)
-    with lanes:
-        grant_credits(org, amount=hold * 104 // 10)
+    org = org_with_ten_holds_in_four_lanes(hold)
     fallbacks = {"op": "reserve", "outcome": "lane_fallback"}
     fallbacks_before = REGISTRY.get_sample_value("gantry_ledger_operations_total", fallbacks)
     answers = submit_at_once(org_key(org), 16, spec_body(project="video"))
@@ -535,10 +531,7 @@ def test_concurrent_submissions_of_an_org_with_a_budget_as_its_lanes_run_dry_run
     # 202 or 402, and the budget counts exactly what is held.
     reset_job_state()
     hold = math.ceil(600 * H100_PRICE / 3600)
-    org = OrgFactory(tier=Tier.PAID)
-    ProjectFactory(org=org, name="video")
-    with override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=1):
-        grant_credits(org, amount=hold * 104 // 10)
+    org = org_with_ten_holds_in_four_lanes(hold)
     ledger.set_budget(org=org, limit=1000 * hold, period="month", mode="hard")
 
     answers = submit_at_once(org_key(org), 16, spec_body(project="video"))
@@ -549,6 +542,16 @@ def test_concurrent_submissions_of_an_org_with_a_budget_as_its_lanes_run_dry_run
     held, _consumed = ledger_selectors.budget_usage(budget)
     assert held == 10 * hold
     assert ledger.reconcile(record=False) == []
+
+
+def org_with_ten_holds_in_four_lanes(hold: int):
+    """A paid org with a "video" project and credit for 10.4 holds of `hold`, granted
+    in four lanes of 2.6 holds each."""
+    org = OrgFactory(tier=Tier.PAID)
+    ProjectFactory(org=org, name="video")
+    with override_settings(GANTRY_LEDGER_BUCKET_LANES=4, GANTRY_LEDGER_LANE_MIN=1):
+        grant_credits(org, amount=hold * 104 // 10)
+    return org
 
 
 def submit_at_once(raw_key: str, count: int, body: dict, *, key: str | None = None) -> list:
