@@ -9,11 +9,13 @@ from django.conf import settings
 
 
 class ProcessMemo:
-    """A short per-process memory of looked-up rows (API keys, projects): submission is
-    the hot path, and these lookups were a sizeable share of it. A change reaches other
-    processes within GANTRY_API_KEY_CACHE_S; in the changing process at once (forget)."""
+    """A short per-process memory of looked-up rows (API keys, projects) or of what a
+    hot path learned (which statement an org needs): submission is the hot path, and
+    these lookups were a sizeable share of it. A change reaches other processes within
+    `ttl_s` (default GANTRY_API_KEY_CACHE_S); in the changing process at once (forget)."""
 
-    def __init__(self):
+    def __init__(self, ttl_s: float | None = None):
+        self._ttl_s = ttl_s
         self._entries: dict = {}
         self._lock = threading.Lock()
 
@@ -24,7 +26,7 @@ class ProcessMemo:
         return entry[1]
 
     def put(self, key, value) -> None:
-        ttl = settings.GANTRY_API_KEY_CACHE_S
+        ttl = settings.GANTRY_API_KEY_CACHE_S if self._ttl_s is None else self._ttl_s
         if ttl <= 0:
             return
         with self._lock:

@@ -12,7 +12,6 @@ BEGIN, the budget lock and COMMIT), see services._transaction.
 
 from __future__ import annotations
 
-import time
 import uuid
 import weakref
 from datetime import datetime
@@ -23,6 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from apps.core.clock import db_now
 from apps.core.errors import Conflict, GantryError, InsufficientCredits
 from apps.core.ids import new_id
+from apps.core.memo import ProcessMemo
 from apps.ledger.allocation import BURN_ORDER_SQL, Source, burn_key, plan_draw
 from apps.ledger.metrics import count, count_budget_alerts
 from apps.ledger.models import Account, EntryKind, Hold, HoldState
@@ -390,39 +390,15 @@ class ReservationRetry(Exception):
     every lane, or with the budgets)."""
 
 
-class _OrgsForAWhile:
-    """Orgs this process remembers something of for `seconds` after it last saw it (a
-    hint for which statement to send first, never a guarantee: each statement checks)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._until: dict = {}
-
-    def __contains__(self, org_id) -> bool:
-        until = self._until.get(org_id)
-        if until is None:
-            return False
-        if until > time.monotonic():
-            return True
-        self._until.pop(org_id, None)
-        return False
-
-    def remember(self, org_id) -> None:
-        now = time.monotonic()
-        if len(self._until) > 10_000:  # forget the orgs whose time is up
-            for key in [key for key, until in self._until.items() if until <= now]:
-                self._until.pop(key, None)
-        self._until[org_id] = now + self.seconds
-
-
+# Hints for which reservation statement to send first, never guarantees: each checks.
 # An org whose lanes could not serve a hold reserves from all its buckets for a while
 # (its lanes are running dry, or a higher-ranked grant's are funded): the fast statement
 # would only fail again.
-_DRAWING_FROM_EVERY_LANE = _OrgsForAWhile(10.0)
+_DRAWING_FROM_EVERY_LANE = ProcessMemo(ttl_s=10.0)
 # An org found with budgets is reserved for with the budgets' part for ten minutes, then
 # without it again (its budgets may be gone): found anew, it costs one statement more per
 # process every ten minutes.
-_WITH_BUDGETS = _OrgsForAWhile(600.0)
+_WITH_BUDGETS = ProcessMemo(ttl_s=600.0)
 
 
 def _owns_transaction() -> bool:
@@ -440,18 +416,19 @@ def _draw_in_lanes(org_id, *, params: dict, savepoint: bool, then, last) -> tupl
     asks when it cannot be made as sent: (now, the hold's expires_at or None, alerts).
     Each retry sends one part more, so there are at most two."""
     draw = {"params": params, "org_id": org_id, "savepoint": savepoint, "then": then, "last": last}
-    every_lane, with_budgets = org_id in _DRAWING_FROM_EVERY_LANE, org_id in _WITH_BUDGETS
+    every_lane = bool(_DRAWING_FROM_EVERY_LANE.get(org_id))
+    with_budgets = bool(_WITH_BUDGETS.get(org_id))
     while True:
         try:
             return _draw(_RESERVE_STATEMENTS[every_lane, with_budgets], **draw)
         except psycopg.Error as error:
             if error.sqlstate == LANE_FALLBACK:  # only the fast statement raises it
                 count("reserve", "lane_fallback")
-                _DRAWING_FROM_EVERY_LANE.remember(org_id)
+                _DRAWING_FROM_EVERY_LANE.put(org_id, True)
                 every_lane = True
             elif error.sqlstate == BUDGETS_EXIST:  # only a statement without them does
                 count("reserve", "budgets_found")
-                _WITH_BUDGETS.remember(org_id)
+                _WITH_BUDGETS.put(org_id, True)
                 with_budgets = True
             else:
                 raise
