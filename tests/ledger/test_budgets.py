@@ -126,6 +126,22 @@ def test_settling_moves_a_hold_from_held_to_consumed_and_frees_the_difference(
     assert_ledger_consistent()
 
 
+def test_a_hold_reserved_before_the_org_had_a_budget_is_discharged_from_the_budget_set_since(
+    org, assert_ledger_consistent
+):
+    # Reserved without the budgets' part; the budget set later counts the hold, so its
+    # settlement must discharge it although the org had no budget when it was reserved.
+    hold = services.reserve(org=org, amount=6 * CREDIT, idempotency_key="early")
+    services.set_budget(org=org, limit=10 * CREDIT, period="month", mode="hard")
+
+    services.settle(hold, reason="done", final_usage=2 * CREDIT)
+
+    budget = Budget.objects.get(org=org)
+    assert (budget.held, budget.consumed) == (0, 2 * CREDIT)
+    services.reserve(org=org, amount=8 * CREDIT, idempotency_key="fits now")
+    assert_ledger_consistent()
+
+
 def test_an_extension_counts_against_the_budget_like_a_reservation(org):
     budget = BudgetFactory(org=org, limit=10 * CREDIT)
     hold = HoldFactory(org=org, amount=6 * CREDIT)

@@ -182,6 +182,29 @@ def test_a_budget_created_while_reservations_race_counts_each_of_them_once(
     assert_ledger_consistent()
 
 
+def test_a_budget_set_while_holds_of_an_org_without_one_settle_counts_each_settle_once(
+    assert_ledger_consistent,
+):
+    # Settles of an org without a budget skip the budgets' part; set_budget waits for the
+    # ones under way and counts the rest as still held, which they then discharge.
+    org = OrgFactory()
+    BucketFactory(org=org, granted=1000 * CREDIT)
+    holds = [
+        services.reserve(org=org, amount=CREDIT, idempotency_key=f"job-{i}") for i in range(19)
+    ]
+
+    def work(i):
+        if i == 0:
+            return services.set_budget(org=org, limit=500 * CREDIT, period="total", mode="hard")
+        return services.settle(holds[i - 1], reason="done", final_usage=CREDIT // 4)
+
+    results = run_at_once(20, work)
+    assert not [r for r in results if isinstance(r, Exception)]
+    budget = Budget.objects.get(org=org)
+    assert (budget.held, budget.consumed) == (0, 19 * (CREDIT // 4))
+    assert_ledger_consistent()
+
+
 def _has_lock_waiter() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(

@@ -94,7 +94,7 @@ def meter(hold, *, cumulative_usage: int, seq: int, attempt_key: str = "") -> Me
     validate_report(cumulative_usage=cumulative_usage, seq=seq, attempt_key=attempt_key)
     report = UsageReport(hold.pk, attempt_key, cumulative_usage, seq)
     with LedgerTransaction() as tx:
-        locked, now, marks, allocations = lock_one(tx, hold.pk, attempt_key=attempt_key)
+        locked, now, marks, allocations, _budgets = lock_one(tx, hold.pk, attempt_key=attempt_key)
         results = apply_usage(
             tx,
             {locked.pk: locked},
@@ -188,7 +188,7 @@ def lock_one(
     attempt_key: str | None = None,
     lock_buckets: bool = False,
     budget_lock: bool = False,
-) -> tuple[LockedHold, datetime, dict | None, list[AllocationRow]]:
+) -> tuple[LockedHold, datetime, dict | None, list[AllocationRow], bool | None]:
     """Lock one hold, then read its allocations with their buckets and (with
     attempt_key) that attempt's usage mark: two statements, one round trip.
 
@@ -198,10 +198,15 @@ def lock_one(
     concurrent settle) committed, and capture or refund against stale figures. The read
     then returns rows in bucket id order, each locking its bucket after the hold (with
     lock_buckets: the platform's lock order, the hold, then buckets by id). With
-    budget_lock the first statement also takes the org's shared budget lock.
+    budget_lock the first statement also takes the org's shared budget lock, and the
+    last element says whether the org has a budget (None without the lock): read under
+    that lock, it stays true until the commit, since set_budget takes the lock exclusively.
     Raises Hold.DoesNotExist for an unknown hold.
     """
     budget = f", {budget_lock_sql('org_id::text')}" if budget_lock else ""
+    has_budgets = "EXISTS (SELECT 1 FROM ledger_budget g WHERE g.org_id = h.org_id)"
+    if not budget_lock:
+        has_budgets = "NULL"  # unknown: without the lock, one may be created meanwhile
     lock = (
         f"SELECT id{budget} FROM ledger_hold WHERE id = %(id)s FOR NO KEY UPDATE",
         {"id": hold_id},
@@ -211,7 +216,7 @@ def lock_one(
         f"""
         SELECT {hold_columns}, m.cumulative, m.seq, a.id, a.hold_id, a.bucket_id, a.amount,
                a.captured, a.refunded, b.expires_at, b.kind, b.created_at, b.expired_at,
-               statement_timestamp()
+               statement_timestamp(), {has_budgets}
           FROM ledger_hold h
           LEFT JOIN ledger_usagemark m ON m.hold_id = h.id AND m.attempt_key = %(key)s
           JOIN ledger_holdallocation a ON a.hold_id = h.id
@@ -230,7 +235,7 @@ def lock_one(
     if attempt_key is not None:
         marks = {(first[0], attempt_key): (first[n], first[n + 1])} if first[n] is not None else {}
     allocations = [AllocationRow(*row[n + 2 : n + 12]) for row in rows]
-    return LockedHold(*first[:n]), first[n + 12], marks, allocations
+    return LockedHold(*first[:n]), first[n + 12], marks, allocations, first[n + 13]
 
 
 def apply_usage(

@@ -138,7 +138,7 @@ def expire_stale_holds(*, limit: int = 200) -> int:
 def _close(hold_id, *, state, reason, final_usage, attempt_key, op) -> SettleResult:
     reason = reason[:500]
     with LedgerTransaction() as tx:
-        hold, now, marks, allocations = lock_one(
+        hold, now, marks, allocations, has_budgets = lock_one(
             tx,
             hold_id,
             attempt_key=attempt_key if final_usage is not None else None,
@@ -168,15 +168,16 @@ def _close(hold_id, *, state, reason, final_usage, attempt_key, op) -> SettleRes
             state = HoldState.SETTLED  # usage was metered: it stays charged
         refunded = _closing_moves(changes, hold, allocations, state=state, reason=reason)
         changes.hold(hold_id, state=state, refunded=refunded, reason=reason, settled_at=now)
-        budgets.discharge(
-            changes,
-            org_id=hold.org_id,
-            project_id=hold.project_id,
-            user_id=hold.user_id,
-            amount=hold.amount,
-            captured=hold.captured,
-            lane=hold.lane,
-        )
+        if has_budgets:  # else no budget counts this hold, nor can one before the commit
+            budgets.discharge(
+                changes,
+                org_id=hold.org_id,
+                project_id=hold.project_id,
+                user_id=hold.user_id,
+                amount=hold.amount,
+                captured=hold.captured,
+                lane=hold.lane,
+            )
         flush(changes, tx, op=op)
         hold.state, hold.refunded, hold.reason, hold.settled_at = state, refunded, reason, now
     count(op)
