@@ -194,6 +194,32 @@ def test_a_trace_of_only_submit_and_duration_runs_as_one_paid_org(tmp_path):
     assert summary.jain["enterprise"] == (None, 0)
 
 
+def test_a_replay_sized_by_load_says_when_the_trace_fills_only_part_of_the_window(tmp_path):
+    # 300 one-minute jobs arriving within the first ten minutes of an hour: the fleet is
+    # sized over the hour, so while the trace arrives the load is about six times that.
+    trace = tmp_path / "early.csv"
+    trace.write_text("submit_s,duration_s\n" + "".join(f"{2 * i},60\n" for i in range(300)))
+    report = run_scenario(
+        "trace", ["fair"], gpus=16, trace_path=trace, duration_s=3600.0, warmup_s=0.0, overload=1.0
+    )
+    (note,) = [n for n in report.notes if n.startswith("the trace arrives within")]
+    assert "598 s of the 3600 s measured: 6.02x while it arrives (--duration 598" in note, note
+    assert report.offered_load == pytest.approx(1.0, rel=0.1)
+    assert not [n for n in report.notes if n.startswith("offered load")], report.notes
+
+
+def test_a_trace_too_small_for_the_load_asked_says_the_load_it_got(tmp_path):
+    # Two minutes of work cannot be 2x an hour of even the smallest fleet that holds it.
+    trace = tmp_path / "tiny.csv"
+    trace.write_text("submit_s,duration_s\n0,60\n1000,60\n2000,60\n3000,60\n")
+    report = run_scenario(
+        "trace", ["fair"], gpus=16, trace_path=trace, duration_s=3600.0, warmup_s=0.0, overload=2.0
+    )
+    (note,) = [n for n in report.notes if n.startswith("offered load")]
+    assert note.startswith(f"offered load {report.offered_load:.2f}x, not 2x"), note
+    assert report.offered_load < 0.2
+
+
 def synthetic_trace_script():
     path = Path(__file__).resolve().parents[2] / "scripts" / "synthetic_trace.py"
     spec = importlib.util.spec_from_file_location("synthetic_trace", path)

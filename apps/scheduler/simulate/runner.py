@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,6 +261,7 @@ def run_scenario(
         model = fleet_of_types(8 * len(named), named) if named else fleet
         fleet = model.scaled_to(target, holding=needs)
         load.notes.append(f"fleet sized for {overload:g}x offered load: {fleet.describe()}")
+        load.notes += _sizing_caveats(load, fleet, overload, warmup, duration_s)
     if scenario in ("trace", "bursty") and queue_quota is None:
         queue_quota = {}  # a replay of real requests admits everything that was submitted
     if drain_s is None:  # follow a replay's waiting jobs to their starts (bounded)
@@ -299,6 +301,39 @@ def run_scenario(
     if out_dir is not None:
         report.plots = write_plots(report, Path(out_dir))
     return report
+
+
+# A trace's offered load may miss --load by rounding to whole nodes; beyond this share
+# of the target the run says so.
+LOAD_TOLERANCE = 0.1
+
+
+def _sizing_caveats(
+    load: workload.Workload, fleet: FleetModel, overload: float, warmup: float, duration: float
+) -> list[str]:
+    """What a replay sized by --load should know: the load it got if it is not the one
+    asked for (too little work for the smallest fleet that holds every job), and how
+    much higher the load is while the trace arrives if its arrivals fill only part of
+    the window (the load is taken over the whole measured window)."""
+    notes = []
+    got = load.offered_load(fleet.total_gpus, warmup, duration)
+    if abs(got - overload) > LOAD_TOLERANCE * overload:
+        notes.append(
+            f"offered load {got:.2f}x, not {overload:g}x: the fleet cannot be sized closer "
+            "(it keeps a node for each job shape, in whole nodes)"
+        )
+    submits = [job.submit_at for job in load.jobs if warmup <= job.submit_at < duration]
+    arriving = max(submits) - warmup if submits else 0.0
+    if submits and arriving < 0.5 * (duration - warmup):
+        # Over at least a minute, the last arrival included.
+        end = math.nextafter(warmup + max(arriving, 60.0), math.inf)
+        while_arriving = load.offered_load(fleet.total_gpus, warmup, end)
+        notes.append(
+            f"the trace arrives within {arriving:.0f} s of the {duration - warmup:.0f} s "
+            f"measured: {while_arriving:.2f}x while it arrives (--duration "
+            f"{warmup + arriving:.0f} measures over its arrivals alone)"
+        )
+    return notes
 
 
 def _flood_impact(flooded: SimResult, plain: SimResult, org: str, at: float) -> FloodImpact:
