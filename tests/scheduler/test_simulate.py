@@ -183,6 +183,18 @@ def test_on_a_one_gpu_pool_every_bursty_job_fits_and_starts():
     assert any("given 1" in note for note in report.notes), report.notes
 
 
+@pytest.mark.parametrize("separator", ["\t", ";"])
+def test_a_trace_separated_by_tabs_or_semicolons_replays_like_a_csv(tmp_path, separator):
+    trace = tmp_path / "other.txt"
+    rows = [["submit_s", "duration_s", "gpu_count", "tier"]]
+    rows += [[str(10 * i), "60", str(1 + i % 2), "enterprise"] for i in range(6)]
+    trace.write_text("\n".join(separator.join(row) for row in rows) + "\n")
+    workload = trace_workload(trace, synthetic_fleet(8).gpu_types, duration_s=300.0)
+    assert [(job.gpu_count, job.tier) for job in workload.jobs] == [
+        (1 + i % 2, "enterprise") for i in range(6)
+    ]
+
+
 def test_a_trace_of_only_submit_and_duration_runs_as_one_paid_org(tmp_path):
     trace = tmp_path / "bare.csv"
     trace.write_text("submit_s,duration_s\n" + "".join(f"{i},{30 + i}\n" for i in range(20)))

@@ -303,9 +303,13 @@ _TRUE = frozenset({"true", "t", "yes", "y", "1"})
 
 def _trace_rows(path: str | Path) -> Iterator[tuple[int, dict[str, str]]]:
     """(line number, row) of a trace CSV, names and values stripped, names lower-cased
-    (a byte-order mark dropped). Only `submit_s` and `duration_s` are required."""
+    (a byte-order mark dropped). Only `submit_s` and `duration_s` are required. Fields
+    are separated by commas, or by tabs or semicolons if the header has no comma."""
     with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.DictReader(handle)
+        header = handle.readline()
+        handle.seek(0)
+        delimiter = next((d for d in (",", "\t", ";") if d in header), ",")
+        reader = csv.DictReader(handle, delimiter=delimiter)
         if not reader.fieldnames:
             raise ValueError(f"{path}: empty; expected the columns {','.join(TRACE_COLUMNS)}")
         reader.fieldnames = [(name or "").strip().lower() for name in reader.fieldnames]
