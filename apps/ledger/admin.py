@@ -198,6 +198,7 @@ class HoldAdmin(admin.ModelAdmin):
     list_filter = ("state", "org__tier", OrgFilter)
     search_fields = ("id", "org__name", "idempotency_key", "job_ref", "reason")
     list_select_related = ("org", "project__org", "user__org")  # their names show the org
+    show_full_result_count = False  # one hold per job: no count of the whole table
     readonly_fields = [f.name for f in Hold._meta.fields]
     inlines = [AllocationInline]
     actions = ["settle_at_metered_usage"]
@@ -370,6 +371,7 @@ class BudgetAlertAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "budget", "org", "hold", "amount", "held", "consumed", "limit")
     search_fields = ("org__name", "=hold__id")
     list_select_related = ("budget", "org")
+    show_full_result_count = False  # one per hold over a soft budget
 
 
 @admin.register(LedgerAuditEvent)
