@@ -375,6 +375,7 @@ class BudgetAlertAdmin(ReadOnlyAdmin):
     search_fields = ("org__name", "=hold__id")
     list_select_related = ("budget", "org")
     show_full_result_count = False  # one per hold over a soft budget
+    ordering = ("-id",)  # newest first along the primary key (as the holds page)
 
 
 @admin.register(LedgerAuditEvent)

@@ -244,7 +244,6 @@ class NodeClaimAdmin(ReadOnlyAdmin):
     list_display = ("job", "node", "kind", "created_at")
     list_filter = ("kind",)
     raw_id_fields = ("job", "decision")
-    show_full_result_count = False  # one per placement
 
 
 @admin.register(UsageAccount)

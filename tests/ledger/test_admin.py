@@ -43,11 +43,24 @@ def test_the_holds_page_lists_the_newest_first_along_an_index_not_a_sort_of_ever
     positions = [listed.index(str(hold.pk)) for hold in [*reversed(later), first]]
     assert positions == sorted(positions)  # newest first
     (rows_query,) = [q["sql"] for q in queries if q["sql"].startswith('SELECT "ledger_hold"."id"')]
+    assert "Sort" not in plan_without_sorts(rows_query)
+
+
+def plan_without_sorts(query: str) -> str:
+    """The query's plan where the planner sorts only if no index can give the order."""
     with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_sort = off")  # a sort only where no index serves
-        cursor.execute(f"EXPLAIN {rows_query}")
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "Sort" not in plan, plan
+        cursor.execute("SET LOCAL enable_sort = off")
+        cursor.execute(f"EXPLAIN {query}")
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_the_budget_alerts_page_lists_the_newest_first_along_an_index(admin_client, ledger):
+    with CaptureQueriesContext(connection) as queries:
+        assert admin_client.get(reverse("admin:ledger_budgetalert_changelist")).status_code == 200
+    (rows_query,) = [
+        q["sql"] for q in queries if q["sql"].startswith('SELECT "ledger_budgetalert"."id"')
+    ]
+    assert "Sort" not in plan_without_sorts(rows_query)
 
 
 def test_bucket_and_hold_detail_pages_are_viewable(admin_client, ledger):
