@@ -7,6 +7,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from apps.ledger.models import Bucket, Budget, Entry, HoldState
+from tests.db_plans import sorts_whole
 from tests.factories import OrgFactory, ProjectFactory
 from tests.ledger.factories import CREDIT, BucketFactory, BudgetFactory, HoldFactory
 
@@ -43,15 +44,7 @@ def test_the_holds_page_lists_the_newest_first_along_an_index_not_a_sort_of_ever
     positions = [listed.index(str(hold.pk)) for hold in [*reversed(later), first]]
     assert positions == sorted(positions)  # newest first
     (rows_query,) = [q["sql"] for q in queries if q["sql"].startswith('SELECT "ledger_hold"."id"')]
-    assert "Sort" not in plan_without_sorts(rows_query)
-
-
-def plan_without_sorts(query: str) -> str:
-    """The query's plan where the planner sorts only if no index can give the order."""
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_sort = off")
-        cursor.execute(f"EXPLAIN {query}")
-        return "\n".join(row[0] for row in cursor.fetchall())
+    assert not sorts_whole(rows_query)
 
 
 def test_the_budget_alerts_page_lists_the_newest_first_along_an_index(admin_client, ledger):
@@ -60,7 +53,7 @@ def test_the_budget_alerts_page_lists_the_newest_first_along_an_index(admin_clie
     (rows_query,) = [
         q["sql"] for q in queries if q["sql"].startswith('SELECT "ledger_budgetalert"."id"')
     ]
-    assert "Sort" not in plan_without_sorts(rows_query)
+    assert not sorts_whole(rows_query)
 
 
 def test_bucket_and_hold_detail_pages_are_viewable(admin_client, ledger):

@@ -25,6 +25,7 @@ from apps.jobs.models import Attempt, Job, JobStatus, QuarantinedFingerprint
 from apps.jobs.queue_state import QueueState
 from apps.jobs.services.cancel import cancel_job
 from apps.ledger.models import Bucket, Budget, BudgetMode, HoldState
+from tests.db_plans import sorts_whole
 from tests.factories import ProjectFactory
 from tests.jobs.factories import JobFactory, reset_job_state
 from tests.ops.audit_world import CREDIT, funded, platform, submitted
@@ -90,6 +91,32 @@ def test_a_search_on_a_table_that_grows_with_traffic_counts_only_what_it_found(
     assert page.status_code == 200
     counts = [q["sql"] for q in queries if q["sql"].startswith("SELECT COUNT(*)")]
     assert len(counts) == 1, counts
+
+
+# Lists of tables that grow with traffic or with the tenants (each named like its table):
+# each page must be read along an index, not by sorting the whole table.
+LISTS_READ_ALONG_AN_INDEX = (
+    "accounts_apikey",
+    "accounts_operatoraction",
+    "accounts_org",
+    "accounts_project",
+    "accounts_user",
+    "jobs_job",
+    "ledger_budgetalert",
+    "ledger_entry",
+    "ledger_hold",
+    "scheduler_dispatchdecision",
+)
+
+
+@pytest.mark.parametrize("changelist", LISTS_READ_ALONG_AN_INDEX)
+def test_a_list_that_grows_is_read_along_an_index_not_sorted_whole(admin_client, changelist):
+    platform()
+    with CaptureQueriesContext(connection) as queries:
+        assert admin_client.get(reverse(f"admin:{changelist}_changelist")).status_code == 200
+    rows = [q["sql"] for q in queries if q["sql"].startswith(f'SELECT "{changelist}"."')]
+    assert rows, [q["sql"][:120] for q in queries]
+    assert not sorts_whole(rows[0])
 
 
 def test_the_index_opens_with_the_fleet_and_the_audit_trail(admin_client):
