@@ -200,7 +200,7 @@ class HoldAdmin(admin.ModelAdmin):
     list_select_related = ("org", "project__org", "user__org")  # their names show the org
     show_full_result_count = False  # one hold per job: no count of the whole table
     # Newest first along the primary key (ids are time-ordered): creation time has no
-    # index, and sorting every hold for each page view takes seconds at a million.
+    # index, and sorting every hold took 24-35 ms a page view at 36,900 (a second at 1M).
     ordering = ("-id",)
     readonly_fields = [f.name for f in Hold._meta.fields]
     inlines = [AllocationInline]
