@@ -191,6 +191,13 @@ def budget_lock_sql(org_sql: str, *, shared: bool = True) -> str:
     return xact_lock_sql(f"'gantry.ledger.budgets:' || {org_sql}", shared=shared)
 
 
+def has_budget_sql(org_sql: str) -> str:
+    """SQL: whether the org has a budget at any level. Read after the org's shared budget
+    lock, the answer holds until the commit (set_budget takes that lock exclusively)."""
+    # org_sql is the caller's constant SQL (a column or a placeholder), never a value.
+    return f"EXISTS (SELECT 1 FROM ledger_budget WHERE org_id = {org_sql})"  # noqa: S608
+
+
 @dataclass
 class LockedHold:
     """A hold row read under its row lock; the services change it, Changes writes it."""

@@ -34,6 +34,7 @@ from apps.ledger.services._transaction import (
     LANE_FALLBACK,
     LedgerTransaction,
     budget_lock_sql,
+    has_budget_sql,
     ledger_setting,
 )
 from apps.ledger.services._validation import check_scope, key_or_error, positive_amount
@@ -200,7 +201,7 @@ CASE WHEN NOT (SELECT ok FROM drawn) AND {_FALLS_BACK} AND (SELECT ok FROM nb)
 # it, only if the org has no budget (else it writes nothing and raises BUDGETS_EXIST,
 # and neither a lane fallback nor a 402 decided without the budgets).
 _WITH_BUDGETS_PROBE = "SELECT true AS ok"
-_NO_BUDGETS_PROBE = "SELECT NOT EXISTS (SELECT 1 FROM ledger_budget WHERE org_id = %(org)s) AS ok"
+_NO_BUDGETS_PROBE = f"SELECT NOT {has_budget_sql('%(org)s')} AS ok"
 _NO_BUDGETS = "ga AS (SELECT 1 WHERE false)"  # no budget alerts to count
 _NO_BUDGETS_CHECK = (
     f"CASE WHEN NOT (SELECT ok FROM nb) THEN ledger_raise('{BUDGETS_EXIST}', "

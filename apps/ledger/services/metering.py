@@ -36,6 +36,7 @@ from apps.ledger.services._transaction import (
     LedgerTransaction,
     LockedHold,
     budget_lock_sql,
+    has_budget_sql,
     ledger_setting,
 )
 from apps.ledger.services._validation import non_negative
@@ -204,9 +205,8 @@ def lock_one(
     Raises Hold.DoesNotExist for an unknown hold.
     """
     budget = f", {budget_lock_sql('org_id::text')}" if budget_lock else ""
-    has_budgets = "EXISTS (SELECT 1 FROM ledger_budget g WHERE g.org_id = h.org_id)"
-    if not budget_lock:
-        has_budgets = "NULL"  # unknown: without the lock, one may be created meanwhile
+    # Unknown (NULL) without the lock: a budget may be created meanwhile.
+    has_budgets = has_budget_sql("h.org_id") if budget_lock else "NULL"
     lock = (
         f"SELECT id{budget} FROM ledger_hold WHERE id = %(id)s FOR NO KEY UPDATE",
         {"id": hold_id},
